@@ -1,0 +1,115 @@
+//! ICRC throughput next to memcpy of the same bytes, and the CRC-32 crates side by
+//! side. A report, not a test: it prints figures and ratios measured in one run.
+//!
+//! `cargo bench -p rnic-wire --bench icrc`
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use rnic_wire::encap::ipv4;
+use rnic_wire::{bth, icrc, FrameRepr, IbRepr, IpRepr, Opcode, Psn};
+
+/// Best throughput (bytes/s) of `f` over several rounds of about 100 ms each.
+fn measure(bytes_per_call: usize, mut f: impl FnMut()) -> f64 {
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let mut calls = 0u64;
+        while start.elapsed() < Duration::from_millis(100) {
+            for _ in 0..64 {
+                f();
+            }
+            calls += 64;
+        }
+        let rate = (calls as f64 * bytes_per_call as f64) / start.elapsed().as_secs_f64();
+        best = best.max(rate);
+    }
+    best
+}
+
+fn gbs(rate: f64) -> String {
+    format!("{:6.2} GB/s", rate / 1e9)
+}
+
+fn main() {
+    println!("ICRC over a whole RC SEND packet (IPv4), against memcpy of the same bytes");
+    println!(
+        "{:>8}  {:>12}  {:>12}  {:>7}",
+        "packet", "ICRC", "memcpy", "ratio"
+    );
+    let mut ratios = Vec::new();
+    for size in [64usize, 1024, 4096] {
+        // A packet whose IP packet (IP header through ICRC) is `size` bytes.
+        let payload_len = size - 20 - 8 - 12 - 4;
+        let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(0)));
+        ib.payload_len = payload_len;
+        let frame = FrameRepr {
+            ethernet: None,
+            ip: IpRepr::V4(ipv4::Repr::new(
+                Ipv4Addr::new(127, 0, 0, 1),
+                Ipv4Addr::new(127, 0, 0, 2),
+            )),
+            src_port: 0xC121,
+            ib,
+        };
+        let mut pkt = vec![0u8; frame.buffer_len()];
+        let payload: Vec<u8> = (0..payload_len).map(|i| i as u8).collect();
+        frame.emit(&mut pkt, &payload).expect("bench packet");
+        assert_eq!(pkt.len(), size);
+        let crc = measure(size, || {
+            black_box(icrc::compute(black_box(&pkt)).ok());
+        });
+        let mut dst = vec![0u8; size];
+        let copy = measure(size, || {
+            dst.copy_from_slice(black_box(&pkt));
+            black_box(&mut dst);
+        });
+        println!(
+            "{:>6} B  {}  {}  {:6.3}",
+            size,
+            gbs(crc),
+            gbs(copy),
+            crc / copy
+        );
+        ratios.push((size, crc / copy));
+    }
+    for (size, r) in ratios {
+        println!("ratio ICRC/memcpy at {size} B: {r:.3}");
+    }
+
+    println!();
+    println!("CRC-32 candidates on plain buffers");
+    println!(
+        "{:>8}  {:>12}  {:>12}  {:>12}",
+        "bytes", "crc32fast", "crc-fast", "crc (tab16)"
+    );
+    const TABLE16: crc::Crc<u32, crc::Table<16>> =
+        crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
+    for size in [64usize, 1024, 4096] {
+        let buf: Vec<u8> = (0..size).map(|i| (i * 7) as u8).collect();
+        let a = crc32fast::hash(&buf);
+        let b = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32IsoHdlc, &buf) as u32;
+        let c = TABLE16.checksum(&buf);
+        assert!(a == b && b == c, "the candidates disagree");
+        let fast = measure(size, || {
+            black_box(crc32fast::hash(black_box(&buf)));
+        });
+        let simd = measure(size, || {
+            black_box(crc_fast::checksum(
+                crc_fast::CrcAlgorithm::Crc32IsoHdlc,
+                black_box(&buf),
+            ));
+        });
+        let table = measure(size, || {
+            black_box(TABLE16.checksum(black_box(&buf)));
+        });
+        println!(
+            "{:>6} B  {}  {}  {}",
+            size,
+            gbs(fast),
+            gbs(simd),
+            gbs(table)
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! The invariant CRC (IBTA 9.7.3 and the RoCE v2 annex A17.3.3).
+//!
+//! CRC-32 (the Ethernet/zlib polynomial, reflected, init and final XOR all ones)
+//! over a pseudo-packet: 8 bytes of 0xFF standing for the LRH that RoCE v2 does
+//! not have, the IP header with its variant fields set to all ones (IPv4: TOS, TTL,
+//! header checksum; IPv6: traffic class, flow label, hop limit), the UDP header
+//! with its checksum set to all ones, the BTH with byte 4 (FECN, BECN, Resv6a)
+//! set to all ones, then everything after the BTH up to the ICRC. Everything else
+//! counts, the IPv4 identification, flags and total length included. The result
+//! is stored little-endian (first byte on the wire = least significant byte).
+//!
+//! Allocation-free: the masked headers are copied into a small stack buffer and
+//! the rest is hashed in place.
+
+use crate::{bth, Error, ErrorKind, Layer, Result};
+
+/// Bytes of the ICRC at the end of every RoCE v2 packet.
+pub const ICRC_LEN: usize = 4;
+
+const UDP_LEN: usize = 8;
+const LRH_PLACEHOLDER: usize = 8;
+/// 8 bytes LRH placeholder + up to 60 bytes IPv4 header + UDP + BTH.
+const PSEUDO_MAX: usize = LRH_PLACEHOLDER + 60 + UDP_LEN + bth::HEADER_LEN;
+
+/// Set the variant fields of an IP header to ones.
+fn mask_ip(ip: &mut [u8]) {
+    match ip[0] >> 4 {
+        4 => {
+            ip[1] = 0xFF; // TOS (DSCP + ECN)
+            ip[8] = 0xFF; // TTL
+            ip[10] = 0xFF; // header checksum
+            ip[11] = 0xFF;
+        }
+        _ => {
+            ip[0] |= 0x0F; // traffic class, high nibble
+            ip[1] = 0xFF; // traffic class low nibble, flow label
+            ip[2] = 0xFF;
+            ip[3] = 0xFF;
+            ip[7] = 0xFF; // hop limit
+        }
+    }
+}
+
+/// The ICRC of a packet given as its three parts: `ip_header` (IPv4 with
+/// options, or the fixed 40-byte IPv6 header), the 8-byte `udp_header`, and
+/// `ib` = BTH through the last payload/pad byte (without the ICRC).
+///
+/// This is what a sender on a UDP socket uses: it computes the ICRC over the IP
+/// and UDP headers the kernel will write, before the kernel writes them.
+pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
+    let ip_len = ip_header.len();
+    let ip_ok = match ip_header.first().map(|b| b >> 4) {
+        Some(4) => (20..=60).contains(&ip_len),
+        Some(6) => ip_len == 40,
+        _ => false,
+    };
+    if !ip_ok {
+        let layer = if ip_header.first().map(|b| b >> 4) == Some(6) {
+            Layer::Ipv6
+        } else {
+            Layer::Ipv4
+        };
+        return Err(Error::new(
+            layer,
+            ErrorKind::BadLength {
+                field: ip_len,
+                actual: ip_len,
+            },
+        ));
+    }
+    if udp_header.len() != UDP_LEN {
+        return Err(Error::truncated(Layer::Udp, UDP_LEN, udp_header.len()));
+    }
+    if ib.len() < bth::HEADER_LEN {
+        return Err(Error::truncated(Layer::Bth, bth::HEADER_LEN, ib.len()));
+    }
+
+    let mut pseudo = [0xFFu8; PSEUDO_MAX];
+    let mut n = LRH_PLACEHOLDER;
+    pseudo[n..n + ip_len].copy_from_slice(ip_header);
+    mask_ip(&mut pseudo[n..n + ip_len]);
+    n += ip_len;
+    pseudo[n..n + UDP_LEN].copy_from_slice(udp_header);
+    pseudo[n + 6] = 0xFF; // UDP checksum
+    pseudo[n + 7] = 0xFF;
+    n += UDP_LEN;
+    pseudo[n..n + bth::HEADER_LEN].copy_from_slice(&ib[..bth::HEADER_LEN]);
+    pseudo[n + bth::RESV8A_OFFSET] = 0xFF;
+    n += bth::HEADER_LEN;
+
+    let mut h = crc32fast::Hasher::new();
+    h.update(&pseudo[..n]);
+    h.update(&ib[bth::HEADER_LEN..]);
+    Ok(h.finalize())
+}
+
+/// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
+/// the IB part without the ICRC.
+fn split(ip_packet: &[u8]) -> Result<(&[u8], &[u8], &[u8])> {
+    let first = *ip_packet
+        .first()
+        .ok_or(Error::truncated(Layer::Ipv4, 20, 0))?;
+    let (layer, ip_len) = match first >> 4 {
+        4 => (Layer::Ipv4, usize::from(first & 0x0F) * 4),
+        6 => (Layer::Ipv6, 40),
+        v => return Err(Error::new(Layer::Ipv4, ErrorKind::BadVersion(v))),
+    };
+    if ip_len < 20 {
+        return Err(Error::new(
+            layer,
+            ErrorKind::BadLength {
+                field: ip_len,
+                actual: ip_packet.len(),
+            },
+        ));
+    }
+    let needed = ip_len + UDP_LEN + bth::HEADER_LEN + ICRC_LEN;
+    if ip_packet.len() < needed {
+        return Err(Error::truncated(layer, needed, ip_packet.len()));
+    }
+    let (ip, rest) = ip_packet.split_at(ip_len);
+    let (udp, ib) = rest.split_at(UDP_LEN);
+    Ok((ip, udp, &ib[..ib.len() - ICRC_LEN]))
+}
+
+/// The ICRC of `ip_packet`: an IPv4 or IPv6 packet from the first IP header byte
+/// through the ICRC (whose own 4 bytes are not covered). Lengths come from the
+/// slice, not from the IP header: callers trim Ethernet padding first.
+pub fn compute(ip_packet: &[u8]) -> Result<u32> {
+    let (ip, udp, ib) = split(ip_packet)?;
+    compute_parts(ip, udp, ib)
+}
+
+/// The ICRC stored at the end of `ip_packet`.
+pub fn stored(ip_packet: &[u8]) -> Result<u32> {
+    split(ip_packet)?;
+    let n = ip_packet.len();
+    Ok(u32::from_le_bytes([
+        ip_packet[n - 4],
+        ip_packet[n - 3],
+        ip_packet[n - 2],
+        ip_packet[n - 1],
+    ]))
+}
+
+/// Whether the ICRC at the end of `ip_packet` is right.
+pub fn verify(ip_packet: &[u8]) -> Result<bool> {
+    Ok(compute(ip_packet)? == stored(ip_packet)?)
+}
+
+/// Compute and store the ICRC at the end of `ip_packet`.
+pub fn fill(ip_packet: &mut [u8]) -> Result<u32> {
+    let icrc = compute(ip_packet)?;
+    let n = ip_packet.len();
+    ip_packet[n - 4..].copy_from_slice(&icrc.to_le_bytes());
+    Ok(icrc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // rxe-rc_pingpong.pcap, the first ACK (10.77.0.2 -> 10.77.0.1), from the IP
+    // header through the ICRC 52 f1 d5 81.
+    const ACK: &str = "4500003049b140004011dc6f0a4d00020a4d0001c12112b7001c0000\
+                       1100ffff000000110074e0701f00000152f1d581";
+
+    fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        (0..s.len() / 2)
+            .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn masks_only_variant_fields() {
+        let pkt = hex(ACK);
+        assert!(verify(&pkt).unwrap());
+        let icrc = stored(&pkt).unwrap();
+        assert_eq!(icrc, 0x81d5_f152);
+        let mut refilled = pkt.clone();
+        refilled[pkt.len() - 4..].fill(0);
+        assert_eq!(fill(&mut refilled).unwrap(), icrc);
+        assert_eq!(refilled, pkt);
+        // TOS, TTL, IP checksum, UDP checksum, BTH byte 4: masked.
+        for at in [1usize, 8, 10, 11, 20 + 6, 20 + 7, 28 + 4] {
+            let mut p = pkt.clone();
+            p[at] ^= 0xA5;
+            assert_eq!(compute(&p).unwrap(), icrc, "byte {at} should be masked");
+        }
+        // The IPv4 ID and flags, and every other byte: covered.
+        for at in (0..pkt.len() - 4).filter(|a| ![1, 8, 10, 11, 26, 27, 32].contains(a)) {
+            let mut p = pkt.clone();
+            p[at] ^= 0x01;
+            // Byte 0 holds the IHL: a flip there may make the header unparsable.
+            assert_ne!(compute(&p).ok(), Some(icrc), "byte {at} should be covered");
+        }
+    }
+
+    #[test]
+    fn rejects_short_and_odd_input() {
+        assert!(compute(&[]).is_err());
+        assert!(compute(&[0x45; 30]).is_err());
+        assert_eq!(
+            compute(&[0x75; 80]).unwrap_err().kind,
+            ErrorKind::BadVersion(7)
+        );
+        assert!(compute(&[0x41; 80]).is_err()); // IHL 1
+        assert!(compute_parts(&[0x45; 20], &[0; 7], &[0; 12]).is_err());
+        assert!(compute_parts(&[0x60; 39], &[0; 8], &[0; 12]).is_err());
+    }
+}
