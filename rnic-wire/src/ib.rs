@@ -176,6 +176,12 @@ impl<T: AsRef<[u8]>> IbPacket<T> {
         &b[self.header_len()..end]
     }
 
+    /// The payload followed by its pad bytes.
+    pub fn padded_payload(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[self.header_len()..b.len() - ICRC_LEN]
+    }
+
     /// Everything the ICRC covers after the BTH: extension headers, payload, pad.
     pub fn covered(&self) -> &[u8] {
         let b = self.buffer.as_ref();

@@ -1,1 +1,82 @@
-fn main() {}
+//! `rnic`: the command a person types.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod dump;
+
+#[derive(Parser)]
+#[command(name = "rnic", version, about = "A RoCE v2 RDMA NIC made of software")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
+    /// checking every ICRC.
+    Dump {
+        /// The capture file.
+        file: PathBuf,
+        /// Print every header field as a tree under each packet.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Exit non-zero when any ICRC is bad or any RoCE v2 packet is malformed.
+        #[arg(long)]
+        check: bool,
+        /// Print only the summary.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Dump {
+            file,
+            verbose,
+            check,
+            quiet,
+        } => {
+            let data = match std::fs::read(&file) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("rnic dump: cannot read {}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let opts = dump::Options { verbose, quiet };
+            let stdout = io::stdout();
+            let mut out = io::BufWriter::new(stdout.lock());
+            let result = dump::dump(&data, &opts, &mut out).and_then(|s| {
+                out.flush()?;
+                Ok(s)
+            });
+            match result {
+                Ok(summary) => {
+                    if check && !summary.all_good() {
+                        eprintln!(
+                            "rnic dump --check: {} bad ICRC, {} malformed RoCE v2 packet(s), {}",
+                            summary.icrc_bad,
+                            summary.malformed,
+                            if summary.file_error.is_some() { "file error" } else { "file read whole" }
+                        );
+                        return ExitCode::from(1);
+                    }
+                    ExitCode::SUCCESS
+                }
+                // Output cut short by the reader (`rnic dump f | head`): not an error.
+                Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rnic dump: {}: {e}", file.display());
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
+}
