@@ -164,7 +164,10 @@ fn compare(frame: &Frame<'_>, fields: &HashMap<String, Vec<String>>, what: Strin
         c.bytes("infiniband.ieth", h.header());
     }
     // tshark shows the ICRC as the four wire bytes read big-endian.
-    c.num("infiniband.invariant.crc", u64::from(ib.icrc().swap_bytes()));
+    c.num(
+        "infiniband.invariant.crc",
+        u64::from(ib.icrc().swap_bytes()),
+    );
     // Wireshark 4.0 hands the payload to the "data" dissector with its pad bytes.
     if !ib.padded_payload().is_empty() {
         c.num("data.len", ib.padded_payload().len() as u64);
@@ -235,6 +238,12 @@ fn every_field_matches_tshark() {
         tshark_malformed.len(),
         tshark_malformed
     );
-    assert!(tshark_malformed.len() < 40, "tshark gave up on too many frames");
-    assert!(total_packets >= 4000, "the reference captures hold 4171 RoCE v2 packets");
+    assert!(
+        tshark_malformed.len() < 40,
+        "tshark gave up on too many frames"
+    );
+    assert!(
+        total_packets >= 4000,
+        "the reference captures hold 4171 RoCE v2 packets"
+    );
 }

@@ -113,7 +113,11 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
     let ib = &f.ib;
     let bth = ib.bth();
     let mut flags = String::new();
-    for (on, c) in [(bth.solicited(), 'S'), (bth.mig_req(), 'M'), (bth.ack_req(), 'A')] {
+    for (on, c) in [
+        (bth.solicited(), 'S'),
+        (bth.mig_req(), 'M'),
+        (bth.ack_req(), 'A'),
+    ] {
         if on {
             flags.push(c);
         }
@@ -142,7 +146,11 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
         line.push_str(&format!(" xrcsrq={:#08x}", h.xrc_srq()));
     }
     if let Some(h) = ib.deth() {
-        line.push_str(&format!(" qkey={:#010x} srcqp={:#08x}", h.q_key(), h.src_qp()));
+        line.push_str(&format!(
+            " qkey={:#010x} srcqp={:#08x}",
+            h.q_key(),
+            h.src_qp()
+        ));
     }
     if let Some(h) = ib.feth() {
         line.push_str(&format!(" sel={} plt={:#x}", h.sel(), h.plt()));
@@ -174,7 +182,11 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
         line.push_str(&format!(" inv_rkey={:#010x}", h.r_key()));
     }
     if let Some(h) = ib.aeth() {
-        line.push_str(&format!(" {} msn={}", Syndrome::from_byte(h.syndrome()), h.msn()));
+        line.push_str(&format!(
+            " {} msn={}",
+            Syndrome::from_byte(h.syndrome()),
+            h.msn()
+        ));
     }
     if let Some(h) = ib.atomic_ack_eth() {
         line.push_str(&format!(" orig={:#x}", h.orig_rem_dt()));
@@ -199,11 +211,7 @@ fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
         writeln!(out, "        {eth}")?;
     }
     match f.ip {
-        IpRepr::V4(ip) => writeln!(
-            out,
-            "        {ip} len={}",
-            f.ip_packet.len()
-        )?,
+        IpRepr::V4(ip) => writeln!(out, "        {ip} len={}", f.ip_packet.len())?,
         IpRepr::V6(ip) => writeln!(out, "        {ip} plen={}", f.ip_packet.len() - 40)?,
     }
     writeln!(out, "        {}", f.udp)?;

@@ -64,7 +64,11 @@ fn main() -> ExitCode {
                             "rnic dump --check: {} bad ICRC, {} malformed RoCE v2 packet(s), {}",
                             summary.icrc_bad,
                             summary.malformed,
-                            if summary.file_error.is_some() { "file error" } else { "file read whole" }
+                            if summary.file_error.is_some() {
+                                "file error"
+                            } else {
+                                "file read whole"
+                            }
                         );
                         return ExitCode::from(1);
                     }
