@@ -48,14 +48,68 @@ fn mask_ip(ip: &mut [u8]) {
 /// This is what a sender on a UDP socket uses: it computes the ICRC over the IP
 /// and UDP headers the kernel will write, before the kernel writes them.
 pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u32> {
+    check_parts(ip_header, udp_header, ib)?;
+    let mut pseudo = [0u8; PSEUDO_MAX];
+    let n = write_pseudo(&mut pseudo, ip_header, udp_header, &ib[..bth::HEADER_LEN]);
+    let mut h = crc32fast::Hasher::new();
+    h.update(&pseudo[..n]);
+    h.update(&ib[bth::HEADER_LEN..]);
+    Ok(h.finalize())
+}
+
+/// Bytes of headroom [`compute_in_place`] needs in front of the BTH: 8 + the IP
+/// header + 8.
+pub const fn headroom(ip_header_len: usize) -> usize {
+    LRH_PLACEHOLDER + ip_header_len + UDP_LEN
+}
+
+/// The ICRC of the IB packet `buf[at..]` (BTH through ICRC, as a UDP socket
+/// receives it), computed in one pass over contiguous memory: the masked
+/// pseudo-header is written into the headroom `buf[at - headroom(ip)..at]`, which
+/// is clobbered, and the BTH is masked and restored in place.
+///
+/// This is the receive and send path of a transport that keeps headroom in front
+/// of each packet: hashing one contiguous run avoids a separate pass over the
+/// 48-88-byte pseudo-header, which crc32fast cannot fold with PCLMULQDQ (it needs
+/// 128 bytes). [`compute_parts`] gives the same value without touching the buffer.
+pub fn compute_in_place(
+    buf: &mut [u8],
+    at: usize,
+    ip_header: &[u8],
+    udp_header: &[u8],
+) -> Result<u32> {
+    let ib = buf.get(at..).unwrap_or(&[]);
+    if ib.len() < bth::HEADER_LEN + ICRC_LEN {
+        return Err(Error::truncated(Layer::Bth, bth::HEADER_LEN + ICRC_LEN, ib.len()).at(at));
+    }
+    check_parts(ip_header, udp_header, ib)?;
+    let end = buf.len() - ICRC_LEN;
+    let room = headroom(ip_header.len());
+    let start = at
+        .checked_sub(room)
+        .ok_or(Error::truncated(Layer::Icrc, room, at))?;
+    let mut bth_copy = [0u8; bth::HEADER_LEN];
+    bth_copy.copy_from_slice(&buf[at..at + bth::HEADER_LEN]);
+    let (head, ib) = buf.split_at_mut(at);
+    // `head[start..]` is exactly the headroom: the BTH stays where it is.
+    write_pseudo(&mut head[start..], ip_header, udp_header, &bth_copy);
+    let saved = ib[bth::RESV8A_OFFSET];
+    ib[bth::RESV8A_OFFSET] = 0xFF;
+    let crc = crc32fast::hash(&buf[start..end]);
+    buf[at + bth::RESV8A_OFFSET] = saved;
+    Ok(crc)
+}
+
+fn check_parts(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<()> {
     let ip_len = ip_header.len();
-    let ip_ok = match ip_header.first().map(|b| b >> 4) {
+    let version = ip_header.first().map(|b| b >> 4);
+    let ip_ok = match version {
         Some(4) => (20..=60).contains(&ip_len),
         Some(6) => ip_len == 40,
         _ => false,
     };
     if !ip_ok {
-        let layer = if ip_header.first().map(|b| b >> 4) == Some(6) {
+        let layer = if version == Some(6) {
             Layer::Ipv6
         } else {
             Layer::Ipv4
@@ -74,24 +128,28 @@ pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u
     if ib.len() < bth::HEADER_LEN {
         return Err(Error::truncated(Layer::Bth, bth::HEADER_LEN, ib.len()));
     }
+    Ok(())
+}
 
-    let mut pseudo = [0xFFu8; PSEUDO_MAX];
+/// Write 8 x 0xFF, the masked IP header, the masked UDP header and, when `out`
+/// has room for it, the masked BTH; returns the bytes written.
+fn write_pseudo(out: &mut [u8], ip_header: &[u8], udp_header: &[u8], bth: &[u8]) -> usize {
+    let ip_len = ip_header.len();
+    out[..LRH_PLACEHOLDER].fill(0xFF);
     let mut n = LRH_PLACEHOLDER;
-    pseudo[n..n + ip_len].copy_from_slice(ip_header);
-    mask_ip(&mut pseudo[n..n + ip_len]);
+    out[n..n + ip_len].copy_from_slice(ip_header);
+    mask_ip(&mut out[n..n + ip_len]);
     n += ip_len;
-    pseudo[n..n + UDP_LEN].copy_from_slice(udp_header);
-    pseudo[n + 6] = 0xFF; // UDP checksum
-    pseudo[n + 7] = 0xFF;
+    out[n..n + UDP_LEN].copy_from_slice(udp_header);
+    out[n + 6] = 0xFF; // UDP checksum
+    out[n + 7] = 0xFF;
     n += UDP_LEN;
-    pseudo[n..n + bth::HEADER_LEN].copy_from_slice(&ib[..bth::HEADER_LEN]);
-    pseudo[n + bth::RESV8A_OFFSET] = 0xFF;
-    n += bth::HEADER_LEN;
-
-    let mut h = crc32fast::Hasher::new();
-    h.update(&pseudo[..n]);
-    h.update(&ib[bth::HEADER_LEN..]);
-    Ok(h.finalize())
+    if out.len() >= n + bth::HEADER_LEN {
+        out[n..n + bth::HEADER_LEN].copy_from_slice(&bth[..bth::HEADER_LEN]);
+        out[n + bth::RESV8A_OFFSET] = 0xFF;
+        n += bth::HEADER_LEN;
+    }
+    n
 }
 
 /// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
@@ -182,6 +240,17 @@ mod tests {
         refilled[pkt.len() - 4..].fill(0);
         assert_eq!(fill(&mut refilled).unwrap(), icrc);
         assert_eq!(refilled, pkt);
+        // In place, with headroom in front of the BTH: same value, packet untouched.
+        let mut room = vec![0xEEu8; headroom(20)];
+        room.extend_from_slice(&pkt[28..]);
+        let at = headroom(20);
+        let before = room[at..].to_vec();
+        assert_eq!(
+            compute_in_place(&mut room, at, &pkt[..20], &pkt[20..28]),
+            Ok(icrc)
+        );
+        assert_eq!(room[at..], before[..]);
+        assert!(compute_in_place(&mut room, at - 1, &pkt[..20], &pkt[20..28]).is_err());
         // TOS, TTL, IP checksum, UDP checksum, BTH byte 4: masked.
         for at in [1usize, 8, 10, 11, 20 + 6, 20 + 7, 28 + 4] {
             let mut p = pkt.clone();

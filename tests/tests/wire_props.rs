@@ -92,6 +92,15 @@ proptest! {
         let ib = IbRepr::parse(&f.ib).expect("own headers parse");
         prop_assert_eq!(ib, repr.ib);
         prop_assert_eq!(f.ib.payload().len(), repr.ib.payload_len);
+        // The in-place ICRC over headroom gives the same value and leaves the packet as it was.
+        let ip_len = f.ib_offset - 8 - f.ip_offset;
+        let at = icrc::headroom(ip_len);
+        let mut roomy = vec![0u8; at];
+        roomy.extend_from_slice(f.ib.as_bytes());
+        let udp_hdr = &buf[f.ib_offset - 8..f.ib_offset];
+        let ip_hdr = &buf[f.ip_offset..f.ip_offset + ip_len];
+        prop_assert_eq!(icrc::compute_in_place(&mut roomy, at, ip_hdr, udp_hdr), Ok(f.computed_icrc));
+        prop_assert_eq!(&roomy[at..], f.ib.as_bytes());
         // And the IB part alone re-emits to the same bytes.
         let mut again = vec![0u8; ib.buffer_len()];
         ib.emit(&mut again, f.ib.payload()).unwrap();
