@@ -1,0 +1,451 @@
+//! A deterministic simulated network: datagrams between IP addresses, on a
+//! virtual clock, with per-link loss, duplication, reordering (a bounded random
+//! extra delay), corruption (one flipped bit, which the ICRC must catch),
+//! partitions and healing. Everything random comes from one seed, so a run
+//! replays exactly, and every fate is recorded in a trace a person can read.
+//!
+//! The NICs of a simulation exchange [`Datagram`]s through it: what a UDP
+//! socket on port 4791 would carry (BTH through ICRC).
+
+use core::cmp::Reverse;
+use core::fmt;
+use core::net::IpAddr;
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::time::Duration;
+
+use rnic_wire::IbPacket;
+
+use crate::rng::Rng;
+use crate::time::Time;
+
+/// A UDP datagram to port 4791.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Datagram {
+    /// Sender.
+    pub src: IpAddr,
+    /// Receiver.
+    pub dst: IpAddr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// The UDP payload: an IB transport packet, BTH through ICRC.
+    pub payload: Vec<u8>,
+}
+
+/// How a link (one direction between two addresses) treats datagrams.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinkConfig {
+    /// Probability that a datagram is dropped.
+    pub loss: f64,
+    /// Probability that a datagram is delivered twice.
+    pub duplicate: f64,
+    /// Probability that one bit of a datagram is flipped.
+    pub corrupt: f64,
+    /// Fixed one-way delay.
+    pub delay: Duration,
+    /// Upper bound of a uniformly random extra delay per copy: datagrams sent
+    /// closer together than this can arrive out of order.
+    pub jitter: Duration,
+}
+
+impl LinkConfig {
+    /// A perfect link with a fixed delay.
+    pub const fn perfect(delay: Duration) -> LinkConfig {
+        LinkConfig {
+            loss: 0.0,
+            duplicate: 0.0,
+            corrupt: 0.0,
+            delay,
+            jitter: Duration::ZERO,
+        }
+    }
+}
+
+impl Default for LinkConfig {
+    fn default() -> LinkConfig {
+        LinkConfig::perfect(Duration::from_micros(10))
+    }
+}
+
+/// What happened to a datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Handed to the network.
+    Sent,
+    /// Dropped by the link.
+    Lost,
+    /// Dropped because the two ends are partitioned.
+    Partitioned,
+    /// A second copy was scheduled.
+    Duplicated,
+    /// One bit was flipped (its offset in the payload, and the bit).
+    Corrupted {
+        /// Byte offset in the payload.
+        byte: usize,
+        /// Bit mask within that byte.
+        mask: u8,
+    },
+    /// Handed to the receiver.
+    Delivered,
+}
+
+/// One line of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// When.
+    pub time: Time,
+    /// What happened.
+    pub fate: Fate,
+    /// Sender.
+    pub src: IpAddr,
+    /// Receiver.
+    pub dst: IpAddr,
+    /// The packet, decoded (opcode, QPN, PSN) as far as it parses.
+    pub summary: String,
+}
+
+impl fmt::Display for TraceEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fate = match self.fate {
+            Fate::Sent => "sent".to_string(),
+            Fate::Lost => "LOST".to_string(),
+            Fate::Partitioned => "LOST (partition)".to_string(),
+            Fate::Duplicated => "DUPLICATED".to_string(),
+            Fate::Corrupted { byte, mask } => format!("CORRUPTED (byte {byte}, bit {mask:#04x})"),
+            Fate::Delivered => "delivered".to_string(),
+        };
+        write!(
+            f,
+            "{} {} > {} {} {}",
+            self.time, self.src, self.dst, self.summary, fate
+        )
+    }
+}
+
+fn summarize(payload: &[u8]) -> String {
+    match IbPacket::new_checked(payload) {
+        Ok(p) => {
+            let bth = p.bth();
+            format!(
+                "{} qp={:#08x} psn={:#08x}",
+                p.info().name,
+                bth.dest_qp(),
+                bth.psn().value()
+            )
+        }
+        Err(e) => format!("unparsable ({e})"),
+    }
+}
+
+/// Counters of what the network did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NetStats {
+    /// Datagrams handed in.
+    pub sent: u64,
+    /// Dropped by loss.
+    pub lost: u64,
+    /// Dropped by a partition.
+    pub partitioned: u64,
+    /// Extra copies made.
+    pub duplicated: u64,
+    /// Copies with a flipped bit.
+    pub corrupted: u64,
+    /// Copies handed to receivers.
+    pub delivered: u64,
+}
+
+/// The simulated network.
+#[derive(Debug)]
+pub struct Network {
+    rng: Rng,
+    default_link: LinkConfig,
+    links: HashMap<(IpAddr, IpAddr), LinkConfig>,
+    partitions: HashSet<(IpAddr, IpAddr)>,
+    in_flight: BinaryHeap<Reverse<(Time, u64)>>,
+    datagrams: HashMap<u64, Datagram>,
+    seq: u64,
+    trace: Option<Vec<TraceEvent>>,
+    stats: NetStats,
+}
+
+impl Network {
+    /// A network whose every random choice follows from `seed`; all links
+    /// start as `default_link`. The trace is off (see [`Network::record_trace`]).
+    pub fn new(seed: u64, default_link: LinkConfig) -> Network {
+        Network {
+            rng: Rng::new(seed),
+            default_link,
+            links: HashMap::new(),
+            partitions: HashSet::new(),
+            in_flight: BinaryHeap::new(),
+            datagrams: HashMap::new(),
+            seq: 0,
+            trace: None,
+            stats: NetStats::default(),
+        }
+    }
+
+    /// Record every event from now on.
+    pub fn record_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded.
+    pub fn trace(&self) -> &[TraceEvent] {
+        self.trace.as_deref().unwrap_or(&[])
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> NetStats {
+        self.stats
+    }
+
+    /// Set the link from `src` to `dst` (one direction).
+    pub fn set_link(&mut self, src: IpAddr, dst: IpAddr, cfg: LinkConfig) {
+        self.links.insert((src, dst), cfg);
+    }
+
+    /// Cut both directions between `a` and `b`: datagrams sent from now on are
+    /// dropped (those already in flight still arrive).
+    pub fn partition(&mut self, a: IpAddr, b: IpAddr) {
+        self.partitions.insert((a, b));
+        self.partitions.insert((b, a));
+    }
+
+    /// Undo [`Network::partition`].
+    pub fn heal(&mut self, a: IpAddr, b: IpAddr) {
+        self.partitions.remove(&(a, b));
+        self.partitions.remove(&(b, a));
+    }
+
+    fn log(&mut self, time: Time, fate: Fate, d: &Datagram) {
+        if let Some(trace) = &mut self.trace {
+            trace.push(TraceEvent {
+                time,
+                fate,
+                src: d.src,
+                dst: d.dst,
+                summary: summarize(&d.payload),
+            });
+        }
+    }
+
+    fn schedule(&mut self, now: Time, cfg: &LinkConfig, mut d: Datagram) {
+        if !d.payload.is_empty() && self.rng.chance(cfg.corrupt) {
+            let bit = self.rng.below(d.payload.len() as u64 * 8);
+            let (byte, mask) = ((bit / 8) as usize, 1u8 << (bit % 8));
+            d.payload[byte] ^= mask;
+            self.stats.corrupted += 1;
+            self.log(now, Fate::Corrupted { byte, mask }, &d);
+        }
+        let jitter = match u64::try_from(cfg.jitter.as_nanos()).unwrap_or(u64::MAX) {
+            0 => 0,
+            j => self.rng.below(j + 1),
+        };
+        let at = now + cfg.delay + Duration::from_nanos(jitter);
+        self.seq += 1;
+        self.in_flight.push(Reverse((at, self.seq)));
+        self.datagrams.insert(self.seq, d);
+    }
+
+    /// Hand a datagram to the network at time `now`.
+    pub fn send(&mut self, now: Time, d: Datagram) {
+        self.stats.sent += 1;
+        self.log(now, Fate::Sent, &d);
+        if self.partitions.contains(&(d.src, d.dst)) {
+            self.stats.partitioned += 1;
+            self.log(now, Fate::Partitioned, &d);
+            return;
+        }
+        let cfg = *self
+            .links
+            .get(&(d.src, d.dst))
+            .unwrap_or(&self.default_link);
+        if self.rng.chance(cfg.loss) {
+            self.stats.lost += 1;
+            self.log(now, Fate::Lost, &d);
+            return;
+        }
+        if self.rng.chance(cfg.duplicate) {
+            self.stats.duplicated += 1;
+            self.log(now, Fate::Duplicated, &d);
+            self.schedule(now, &cfg, d.clone());
+        }
+        self.schedule(now, &cfg, d);
+    }
+
+    /// When the next datagram arrives, if any is in flight.
+    pub fn next_arrival(&self) -> Option<Time> {
+        self.in_flight.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// The next datagram due by `now`, in arrival order (ties in send order).
+    pub fn pop_due(&mut self, now: Time) -> Option<(Time, Datagram)> {
+        let &Reverse((at, seq)) = self.in_flight.peek()?;
+        if at > now {
+            return None;
+        }
+        self.in_flight.pop();
+        let d = self.datagrams.remove(&seq)?;
+        self.stats.delivered += 1;
+        self.log(at, Fate::Delivered, &d);
+        Some((at, d))
+    }
+
+    /// Datagrams still in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::net::Ipv4Addr;
+    use rnic_wire::{bth, IbRepr, Opcode, Psn};
+
+    const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+
+    fn packet(psn: u32) -> Datagram {
+        let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(psn)));
+        ib.payload_len = 8;
+        let mut buf = vec![0u8; ib.buffer_len()];
+        ib.emit(&mut buf, &[7; 8]).unwrap();
+        Datagram {
+            src: A,
+            dst: B,
+            src_port: 0xC000,
+            payload: buf,
+        }
+    }
+
+    /// Send `n` packets 1 us apart, then drain; returns the PSNs in arrival order.
+    fn run(net: &mut Network, n: u32) -> Vec<u32> {
+        for i in 0..n {
+            net.send(Time(u64::from(i) * 1000), packet(i));
+        }
+        let mut out = Vec::new();
+        while let Some(t) = net.next_arrival() {
+            while let Some((_, d)) = net.pop_due(t) {
+                let p = IbPacket::new_checked(&d.payload[..]);
+                out.push(p.map(|p| p.bth().psn().value()).unwrap_or(u32::MAX));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn perfect_link_is_fifo_and_timed() {
+        let mut net = Network::new(1, LinkConfig::perfect(Duration::from_micros(5)));
+        net.send(Time(0), packet(1));
+        assert_eq!(net.next_arrival(), Some(Time(5_000)));
+        assert!(net.pop_due(Time(4_999)).is_none());
+        assert_eq!(net.pop_due(Time(5_000)).unwrap().0, Time(5_000));
+        assert_eq!(run(&mut net, 100), (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn same_seed_same_history() {
+        let cfg = LinkConfig {
+            loss: 0.2,
+            duplicate: 0.1,
+            corrupt: 0.05,
+            delay: Duration::from_micros(3),
+            jitter: Duration::from_micros(20),
+        };
+        let history = |seed| {
+            let mut net = Network::new(seed, cfg);
+            net.record_trace();
+            let order = run(&mut net, 300);
+            (
+                order,
+                net.trace()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(history(42), history(42));
+        assert_ne!(history(42).0, history(43).0);
+    }
+
+    #[test]
+    fn impairments_happen_at_their_rates() {
+        let cfg = LinkConfig {
+            loss: 0.3,
+            duplicate: 0.1,
+            corrupt: 0.1,
+            delay: Duration::from_micros(1),
+            jitter: Duration::from_micros(50),
+        };
+        let mut net = Network::new(7, cfg);
+        let order = run(&mut net, 10_000);
+        let s = net.stats();
+        assert_eq!(s.sent, 10_000);
+        assert!((2_700..3_300).contains(&s.lost), "{s:?}");
+        assert!((500..900).contains(&s.duplicated), "{s:?}");
+        assert_eq!(s.delivered, s.sent - s.lost + s.duplicated);
+        assert_eq!(order.len() as u64, s.delivered);
+        assert!(order.windows(2).any(|w| w[0] > w[1]), "jitter reorders");
+        assert_eq!(net.in_flight(), 0);
+    }
+
+    #[test]
+    fn corruption_flips_one_bit_the_icrc_sees() {
+        // The datagrams carry no real ICRC here; compare with the original bytes.
+        let cfg = LinkConfig {
+            corrupt: 1.0,
+            ..LinkConfig::default()
+        };
+        let mut net = Network::new(3, cfg);
+        for i in 0..200 {
+            let original = packet(i);
+            net.send(Time(0), original.clone());
+            let (_, got) = net.pop_due(Time(1_000_000)).unwrap();
+            let flipped: u32 = original
+                .payload
+                .iter()
+                .zip(&got.payload)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+            assert_eq!(flipped, 1);
+        }
+    }
+
+    #[test]
+    fn partitions_and_healing() {
+        let mut net = Network::new(5, LinkConfig::default());
+        net.record_trace();
+        net.partition(A, B);
+        assert!(run(&mut net, 10).is_empty());
+        assert_eq!(net.stats().partitioned, 10);
+        net.heal(B, A);
+        assert_eq!(run(&mut net, 10).len(), 10);
+        assert!(net.trace()[1]
+            .to_string()
+            .contains("RC_SEND_ONLY qp=0x000011 psn=0x000000 LOST (partition)"));
+    }
+
+    #[test]
+    fn per_link_settings() {
+        let mut net = Network::new(9, LinkConfig::default());
+        net.set_link(
+            A,
+            B,
+            LinkConfig {
+                loss: 1.0,
+                ..LinkConfig::default()
+            },
+        );
+        assert!(run(&mut net, 5).is_empty());
+        net.send(
+            Time(0),
+            Datagram {
+                src: B,
+                dst: A,
+                ..packet(0)
+            },
+        );
+        assert!(net.pop_due(Time(1_000_000)).is_some());
+    }
+}
