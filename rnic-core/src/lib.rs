@@ -1,6 +1,7 @@
 //! The NIC itself, without I/O: memory regions and protection domains, queue
-//! pairs and their state machine, and (in [`sim`]) a deterministic lossy network
-//! for simulation.
+//! pairs and their state machine, the RC transport (requester, responder,
+//! completer), completion queues, and (in [`sim`]) a deterministic lossy
+//! network and a harness that runs NICs over it.
 //!
 //! Nothing here touches a socket, a thread or the clock: time comes in as a
 //! value, randomness from a seed. The same code runs under the driver and under
@@ -8,8 +9,18 @@
 
 #![forbid(unsafe_code)]
 
+mod comp;
+pub mod cq;
 pub mod mem;
+pub mod nic;
 pub mod qp;
+mod rc;
+mod req;
+mod resp;
 pub mod rng;
 pub mod sim;
 pub mod time;
+pub mod wr;
+
+pub use nic::{Counters, Mechanisms, Nic, VerbError};
+pub use rc::{ExecKind, Execution, QpCaps};

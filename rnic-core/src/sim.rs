@@ -297,6 +297,91 @@ impl Network {
     }
 }
 
+/// NICs on a simulated network, driven event by event on the virtual clock.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The virtual time.
+    pub now: Time,
+    /// The network.
+    pub net: Network,
+    /// The NICs; NIC `i` has address 10.0.0.(i+1).
+    pub nics: Vec<crate::Nic>,
+}
+
+impl Cluster {
+    /// `n` NICs on a network with `link` everywhere; all randomness from `seed`.
+    pub fn new(seed: u64, link: LinkConfig, n: usize) -> Cluster {
+        let nics = (0..n)
+            .map(|i| {
+                let addr = IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, i as u8 + 1));
+                crate::Nic::new(
+                    addr,
+                    seed.wrapping_add(i as u64 + 1).wrapping_mul(0x9E37_79B9),
+                )
+            })
+            .collect();
+        Cluster {
+            now: Time::ZERO,
+            net: Network::new(seed, link),
+            nics,
+        }
+    }
+
+    /// Hand everything the NICs want to send to the network.
+    pub fn flush(&mut self) {
+        for nic in &mut self.nics {
+            while let Some(d) = nic.poll_transmit() {
+                self.net.send(self.now, d);
+            }
+        }
+    }
+
+    /// The time of the next event (an arrival or a NIC timer).
+    pub fn next_event(&self) -> Option<Time> {
+        let timers = self.nics.iter().filter_map(crate::Nic::next_deadline).min();
+        match (self.net.next_arrival(), timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Run the next event; false when nothing is left to happen.
+    pub fn step(&mut self) -> bool {
+        self.flush();
+        let Some(t) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(t);
+        while let Some((_, d)) = self.net.pop_due(self.now) {
+            if let Some(nic) = self.nics.iter_mut().find(|n| n.addr() == d.dst) {
+                nic.handle_datagram(self.now, &d);
+            }
+        }
+        for nic in &mut self.nics {
+            if nic.next_deadline().is_some_and(|d| d <= self.now) {
+                nic.handle_timeout(self.now);
+            }
+        }
+        self.flush();
+        true
+    }
+
+    /// Run until nothing is left to happen or the clock passes `limit`; true
+    /// if the cluster went idle. Bounded by `max_steps` events as well.
+    pub fn run(&mut self, limit: Time, max_steps: u64) -> bool {
+        for _ in 0..max_steps {
+            self.flush();
+            match self.next_event() {
+                None => return true,
+                Some(t) if t > limit => return false,
+                Some(_) => {}
+            }
+            self.step();
+        }
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,9 @@
 //! Allocation-free: the masked headers are copied into a small stack buffer and
 //! the rest is hashed in place.
 
+use std::net::IpAddr;
+
+use crate::encap::{ipv4, ipv6};
 use crate::{bth, Error, ErrorKind, Layer, Result};
 
 /// Bytes of the ICRC at the end of every RoCE v2 packet.
@@ -152,6 +155,38 @@ fn write_pseudo(out: &mut [u8], ip_header: &[u8], udp_header: &[u8], bth: &[u8])
     n
 }
 
+/// The ICRC of an IB packet `ib` (BTH through the last pad byte) that travels
+/// in a UDP datagram from `src`:`src_port` to `dst`:4791, under the convention
+/// of a sender on an unconnected UDP socket with `IP_PMTUDISC_DO`: IPv4 with
+/// identification 0 and DF set (TOS and TTL are masked), or IPv6 (traffic
+/// class, flow label and hop limit are masked). A receiver on a UDP socket,
+/// which cannot see the IP header, verifies under the same convention.
+pub fn for_udp(src: IpAddr, dst: IpAddr, src_port: u16, ib: &[u8]) -> Result<u32> {
+    let udp_len = 8 + ib.len() + ICRC_LEN;
+    let mut ip = [0u8; 40];
+    let ip_len = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            ipv4::Repr::new(s, d).emit(&mut ip, udp_len)?;
+            ipv4::MIN_HEADER_LEN
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            ipv6::Repr::new(s, d).emit(&mut ip, udp_len)?;
+            ipv6::HEADER_LEN
+        }
+        _ => {
+            return Err(Error::new(
+                Layer::Ipv4,
+                ErrorKind::BadVersion(if src.is_ipv4() { 6 } else { 4 }),
+            ))
+        }
+    };
+    let mut udp = [0u8; UDP_LEN];
+    udp[..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&crate::ROCE_V2_PORT.to_be_bytes());
+    udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    compute_parts(&ip[..ip_len], &udp, ib)
+}
+
 /// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
 /// the IB part without the ICRC.
 fn split(ip_packet: &[u8]) -> Result<(&[u8], &[u8], &[u8])> {
@@ -264,6 +299,20 @@ mod tests {
             // Byte 0 holds the IHL: a flip there may make the header unparsable.
             assert_ne!(compute(&p).ok(), Some(icrc), "byte {at} should be covered");
         }
+    }
+
+    #[test]
+    fn udp_convention_matches_a_frame_with_id_0() {
+        // The same packet as a whole frame with IPv4 ID 0 and DF: same ICRC.
+        let mut pkt = hex(ACK);
+        pkt[4] = 0;
+        pkt[5] = 0;
+        let expected = compute(&pkt).unwrap();
+        let ib = &pkt[28..pkt.len() - 4];
+        let src = IpAddr::from([10, 77, 0, 2]);
+        let dst = IpAddr::from([10, 77, 0, 1]);
+        assert_eq!(for_udp(src, dst, 0xc121, ib), Ok(expected));
+        assert!(for_udp(src, IpAddr::from([0u16; 8]), 1, ib).is_err());
     }
 
     #[test]

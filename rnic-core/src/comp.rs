@@ -1,0 +1,325 @@
+//! The completer: ACKs, NAKs, READ responses and atomic ACKs to completions, in
+//! post order; retransmission on sequence-error NAKs, RNR NAKs and local ACK
+//! timeouts, within retry_cnt and rnr_retry.
+
+use rnic_wire::aeth::{self, NakCode, Syndrome};
+use rnic_wire::{IbPacket, Operation, Psn};
+
+use crate::qp::QpState;
+use crate::rc::{scatter, Ctx, RcQp};
+use crate::time::Time;
+use crate::wr::{Completion, SendOp, WcStatus};
+
+impl RcQp {
+    /// A response packet (ACK, READ response, atomic ACK) arrived.
+    pub(crate) fn comp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
+        if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let psn = pkt.bth().psn();
+        // Only PSNs that were sent and not yet acknowledged mean anything; an
+        // ACK for anything else (a ghost ACK, or a late duplicate) is ignored.
+        let outstanding = self.max_sent.forward_from(self.una);
+        if psn.forward_from(self.una) >= outstanding {
+            // An ACK for the PSN just before `una` repeats what is known.
+            ctx.counters.ghost_or_duplicate_response += 1;
+            return;
+        }
+        match pkt.info().operation {
+            Operation::Acknowledge => {
+                let Some(a) = pkt.aeth() else { return };
+                match Syndrome::from_byte(a.syndrome()) {
+                    Syndrome::Ack { .. } => {
+                        self.ack_through(ctx, psn);
+                    }
+                    Syndrome::RnrNak { timer } => self.on_rnr_nak(ctx, psn, timer),
+                    Syndrome::Nak(NakCode::PsnSeqError) => self.on_seq_nak(ctx, psn),
+                    Syndrome::Nak(code) => {
+                        let status = match code {
+                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                            _ => WcStatus::RemOpErr,
+                        };
+                        self.on_fatal_nak(ctx, psn, status);
+                    }
+                    Syndrome::Reserved(_) => self.on_fatal_nak(ctx, psn, WcStatus::BadRespErr),
+                }
+            }
+            Operation::RdmaReadResponse => self.on_read_response(ctx, pkt, psn),
+            Operation::AtomicAcknowledge => {
+                let Some(ack) = pkt.atomic_ack_eth() else {
+                    return;
+                };
+                let Some(i) = self
+                    .sq
+                    .iter()
+                    .position(|w| w.status.is_none() && w.covers(psn))
+                else {
+                    return;
+                };
+                if !self.sq[i].wr.op.is_atomic() {
+                    self.on_fatal_nak(ctx, psn, WcStatus::BadRespErr);
+                    return;
+                }
+                if !self.ack_before(ctx, psn) {
+                    return;
+                }
+                // Acknowledging what came before may have retired requests.
+                let Some(i) = self
+                    .sq
+                    .iter()
+                    .position(|w| w.status.is_none() && w.covers(psn))
+                else {
+                    return;
+                };
+                let orig = ack.orig_rem_dt().to_ne_bytes();
+                let pd = self.pd;
+                let result = scatter(ctx.mem, pd, &self.sq[i].wr.sg_list, 0, &orig);
+                self.sq[i].status = Some(if result.is_ok() {
+                    WcStatus::Success
+                } else {
+                    WcStatus::LocProtErr
+                });
+                self.una = psn.next();
+                self.progress(ctx);
+                if result.is_err() {
+                    self.enter_error(ctx);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Everything through `psn` is acknowledged. Returns false if a READ or
+    /// atomic before `psn` has not had its response: that response was lost or
+    /// overtaken (UDP may reorder), which implies a NAK (IBTA 9.7.5.1.3): ask
+    /// again from its first missing response, once per gap.
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
+        for i in 0..self.sq.len() {
+            let w = &self.sq[i];
+            if w.status.is_some() {
+                continue;
+            }
+            if w.first_psn.is_after(psn) {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                let missing = w.first_psn.add(w.resp_done);
+                // Requests before the READ/atomic are acknowledged.
+                let was_pending = self.read_gap_pending;
+                if missing != self.una {
+                    self.una = missing;
+                    self.progress(ctx);
+                }
+                if !was_pending {
+                    self.read_gap_pending = true;
+                    if self.spend_retry(ctx) {
+                        self.go_back(missing);
+                    }
+                }
+                return false;
+            }
+            if !w.last_psn().is_after(psn) {
+                self.sq[i].status = Some(WcStatus::Success);
+            }
+        }
+        self.una = psn.next();
+        self.progress(ctx);
+        true
+    }
+
+    /// A response at `psn` implies everything before it was acknowledged;
+    /// false if that cannot be (see [`RcQp::ack_through`]).
+    fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
+        psn == self.una || self.ack_through(ctx, psn.sub(1))
+    }
+
+    /// Acknowledged progress: reset the retry budget and the timer, complete
+    /// what can be completed.
+    fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.retry_left = self.attr.retry_cnt;
+        self.rnr_left = self.attr.rnr_retry;
+        self.read_gap_pending = false;
+        self.complete_front(ctx);
+        if self.una == self.max_sent || self.sq.is_empty() {
+            self.ack_deadline = None;
+        } else {
+            self.arm_ack_timer(ctx);
+        }
+    }
+
+    /// Complete finished requests at the head of the send queue, in post order.
+    pub(crate) fn complete_front(&mut self, ctx: &mut Ctx<'_>) {
+        while let Some(w) = self.sq.front() {
+            let Some(status) = w.status else { break };
+            let w = self.sq.pop_front().expect("front exists");
+            self.next_wqe = self.next_wqe.saturating_sub(1);
+            if status != WcStatus::Success || w.wr.signaled {
+                ctx.complete(
+                    self.send_cq,
+                    Completion {
+                        wr_id: w.wr.wr_id,
+                        status,
+                        opcode: w.wr.op.wc_opcode(),
+                        byte_len: if matches!(w.wr.op, SendOp::Read { .. }) {
+                            w.len as u32
+                        } else {
+                            0
+                        },
+                        imm_data: None,
+                        qp_num: self.qpn,
+                    },
+                );
+            }
+        }
+    }
+
+    fn on_seq_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
+        ctx.counters.rcvd_seq_err += 1;
+        if !self.ack_before(ctx, psn) {
+            return;
+        }
+        if !self.spend_retry(ctx) {
+            return;
+        }
+        self.go_back(psn);
+    }
+
+    fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, timer: u8) {
+        ctx.counters.rcvd_rnr_err += 1;
+        if !self.ack_before(ctx, psn) {
+            return;
+        }
+        // rnr_retry 7 means retry forever (IBTA 9.7.5.2.8).
+        if self.attr.rnr_retry != 7 {
+            if self.rnr_left == 0 {
+                ctx.counters.retry_rnr_exceeded_err += 1;
+                self.fail_at(ctx, psn, WcStatus::RnrRetryExcErr);
+                return;
+            }
+            self.rnr_left -= 1;
+        }
+        // Wait at least the larger of the responder's timer and our own.
+        let wait =
+            aeth::rnr_timer_micros(timer).max(aeth::rnr_timer_micros(self.attr.min_rnr_timer));
+        self.rnr_until = Some(ctx.now + std::time::Duration::from_micros(u64::from(wait)));
+        self.ack_deadline = None;
+        self.go_back(psn);
+    }
+
+    fn on_fatal_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, status: WcStatus) {
+        // The NAK names the failed request; what came before it was executed.
+        self.ack_before(ctx, psn);
+        self.fail_at(ctx, psn, status);
+    }
+
+    /// The request holding `psn` fails with `status`; the QP enters the error state.
+    fn fail_at(&mut self, ctx: &mut Ctx<'_>, psn: Psn, status: WcStatus) {
+        if let Some(w) = self
+            .sq
+            .iter_mut()
+            .find(|w| w.status.is_none() && w.covers(psn))
+        {
+            w.status = Some(status);
+        } else if let Some(w) = self.sq.iter_mut().find(|w| w.status.is_none()) {
+            w.status = Some(status);
+        }
+        self.complete_front(ctx);
+        self.enter_error(ctx);
+    }
+
+    /// Spend one retry; false (and the QP in error) if none was left.
+    fn spend_retry(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        ctx.counters.completer_retry_err += 1;
+        if self.retry_left == 0 {
+            ctx.counters.retry_exceeded_err += 1;
+            let una = self.una;
+            self.fail_at(ctx, una, WcStatus::RetryExcErr);
+            return false;
+        }
+        self.retry_left -= 1;
+        true
+    }
+
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
+        let Some(i) = self
+            .sq
+            .iter()
+            .position(|w| w.status.is_none() && w.covers(psn))
+        else {
+            return;
+        };
+        if !matches!(self.sq[i].wr.op, SendOp::Read { .. }) {
+            self.on_fatal_nak(ctx, psn, WcStatus::BadRespErr);
+            return;
+        }
+        let expected = self.sq[i].first_psn.add(self.sq[i].resp_done);
+        if psn != expected {
+            if psn.is_after(expected) && !self.read_gap_pending {
+                // A response is missing: ask again from it, once per gap.
+                self.read_gap_pending = true;
+                if self.spend_retry(ctx) {
+                    self.go_back(expected);
+                }
+            }
+            return;
+        }
+        if !self.ack_before(ctx, psn) {
+            return;
+        }
+        // Acknowledging what came before may have retired requests.
+        let Some(i) = self
+            .sq
+            .iter()
+            .position(|w| w.status.is_none() && w.covers(psn))
+        else {
+            return;
+        };
+        let pmtu = self.pmtu();
+        let w = &self.sq[i];
+        let offset = u64::from(w.resp_done) * pmtu;
+        let want = (w.len - offset.min(w.len)).min(pmtu);
+        let data = pkt.payload();
+        if data.len() as u64 != want {
+            self.fail_at(ctx, psn, WcStatus::BadRespErr);
+            return;
+        }
+        let pd = self.pd;
+        if scatter(ctx.mem, pd, &self.sq[i].wr.sg_list, offset, data).is_err() {
+            self.fail_at(ctx, psn, WcStatus::LocProtErr);
+            return;
+        }
+        let w = &mut self.sq[i];
+        w.resp_done += 1;
+        self.una = psn.next();
+        if w.resp_done == w.npkts {
+            w.status = Some(WcStatus::Success);
+        }
+        self.progress(ctx);
+    }
+
+    /// The local ACK timer or the RNR wait may have expired.
+    pub(crate) fn comp_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(t) = self.ack_deadline {
+            if ctx.now >= t {
+                self.ack_deadline = None;
+                if self.una != self.max_sent && self.state() == QpState::Rts {
+                    if !self.spend_retry(ctx) {
+                        return;
+                    }
+                    let una = self.una;
+                    self.go_back(una);
+                    self.arm_ack_timer(ctx);
+                }
+            }
+        }
+    }
+
+    /// When this QP next needs the time.
+    pub(crate) fn deadline(&self) -> Option<Time> {
+        match (self.ack_deadline, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}

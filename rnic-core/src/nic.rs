@@ -1,0 +1,574 @@
+//! One NIC: its memory, queue pairs and completion queues, and the sans-I/O
+//! surface the driver and the simulator use. Feed it what happened
+//! ([`Nic::handle_datagram`], [`Nic::post_send`], [`Nic::handle_timeout`], each
+//! with the time); take what it wants done ([`Nic::poll_transmit`],
+//! [`Nic::poll_cq`], [`Nic::next_deadline`]).
+
+use core::fmt;
+use core::net::IpAddr;
+use std::collections::{HashMap, VecDeque};
+
+use rnic_wire::{icrc, IbPacket, Psn};
+
+use crate::cq::{Cq, CqHandle};
+use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
+use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
+use crate::rc::{sg_len, Ctx, Execution, QpCaps, RcQp, SendWqe};
+use crate::sim::Datagram;
+use crate::time::Time;
+use crate::wr::{Completion, RecvWr, SendOp, SendWr, WcStatus};
+
+/// Counters, named like rdma_rxe's hardware counters where one exists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Packets sent.
+    pub sent_pkts: u64,
+    /// Packets received and accepted for processing.
+    pub rcvd_pkts: u64,
+    /// Packets dropped because their ICRC was wrong.
+    pub icrc_errors: u64,
+    /// Packets dropped because they did not parse.
+    pub malformed: u64,
+    /// Packets for a QP that does not exist (or is not connected to the sender).
+    pub unknown_qp: u64,
+    /// Duplicate requests received.
+    pub duplicate_request: u64,
+    /// Requests received ahead of the expected PSN.
+    pub out_of_seq_request: u64,
+    /// RNR NAKs sent.
+    pub send_rnr_err: u64,
+    /// RNR NAKs received.
+    pub rcvd_rnr_err: u64,
+    /// Sequence-error NAKs received.
+    pub rcvd_seq_err: u64,
+    /// Retransmissions started (timeout, sequence NAK, missing READ response).
+    pub completer_retry_err: u64,
+    /// Requests failed with RETRY_EXC_ERR.
+    pub retry_exceeded_err: u64,
+    /// Requests failed with RNR_RETRY_EXC_ERR.
+    pub retry_rnr_exceeded_err: u64,
+    /// Responses for nothing outstanding (ghost or duplicate ACKs).
+    pub ghost_or_duplicate_response: u64,
+    /// SEND messages received.
+    pub rdma_recvs: u64,
+    /// Packets that could not be built.
+    pub send_err: u64,
+}
+
+/// Transport mechanisms that can be switched off, to watch what breaks without
+/// them (in the simulator: a property test shows the invariant they protect
+/// failing). All are on by default; never switch them off on a real network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// The responder recognises requests older than the expected PSN as
+    /// duplicates. Off, it executes them again.
+    pub duplicate_detection: bool,
+    /// The responder answers a duplicate atomic from its replay cache. Off, it
+    /// executes the atomic again.
+    pub atomic_replay_cache: bool,
+}
+
+impl Default for Mechanisms {
+    fn default() -> Mechanisms {
+        Mechanisms {
+            duplicate_detection: true,
+            atomic_replay_cache: true,
+        }
+    }
+}
+
+/// Why a verb was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerbError {
+    /// A memory or protection domain error.
+    Mem(MemError),
+    /// A modify_qp error.
+    Modify(ModifyError),
+    /// No QP with this number.
+    NoSuchQp(u32),
+    /// No CQ with this handle.
+    NoSuchCq(CqHandle),
+    /// The QP type is not implemented yet.
+    Unsupported(&'static str),
+    /// The queue is full (`max_send_wr` / `max_recv_wr`).
+    QueueFull,
+    /// More scatter/gather entries than the QP's capacity.
+    TooManySge {
+        /// Entries given.
+        given: usize,
+        /// The QP's limit.
+        max: u32,
+    },
+    /// An atomic work request whose local buffer is not one 8-byte SGE.
+    BadAtomicSge,
+    /// The QP's state does not allow this verb.
+    BadState(QpState),
+    /// A message longer than 2^31 bytes.
+    MessageTooLong(u64),
+}
+
+impl fmt::Display for VerbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerbError::Mem(e) => e.fmt(f),
+            VerbError::Modify(e) => e.fmt(f),
+            VerbError::NoSuchQp(q) => write!(f, "no QP {q:#x}"),
+            VerbError::NoSuchCq(c) => write!(f, "no CQ {}", c.0),
+            VerbError::Unsupported(what) => write!(f, "{what} is not supported yet"),
+            VerbError::QueueFull => f.write_str("the work queue is full"),
+            VerbError::TooManySge { given, max } => {
+                write!(f, "{given} scatter/gather entries, the QP takes {max}")
+            }
+            VerbError::BadAtomicSge => f.write_str("an atomic needs one 8-byte local SGE"),
+            VerbError::BadState(s) => write!(f, "not allowed in state {s}"),
+            VerbError::MessageTooLong(n) => write!(f, "message of {n} bytes exceeds 2^31"),
+        }
+    }
+}
+
+impl std::error::Error for VerbError {}
+
+impl From<MemError> for VerbError {
+    fn from(e: MemError) -> VerbError {
+        VerbError::Mem(e)
+    }
+}
+
+/// A software RoCE v2 NIC.
+pub struct Nic {
+    addr: IpAddr,
+    mem: Memory,
+    cqs: HashMap<CqHandle, Cq>,
+    qps: HashMap<u32, RcQp>,
+    next_cq: u32,
+    next_qpn: u32,
+    tx: VecDeque<Datagram>,
+    counters: Counters,
+    limits: Limits,
+    exec_log: Option<Vec<Execution>>,
+    mechanisms: Mechanisms,
+}
+
+impl fmt::Debug for Nic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Nic")
+            .field("addr", &self.addr)
+            .field("qps", &self.qps.len())
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl Nic {
+    /// A NIC with IP address `addr` (its RoCE v2 GID); `seed` makes its keys
+    /// unpredictable to peers and reproducible in simulation.
+    pub fn new(addr: IpAddr, seed: u64) -> Nic {
+        Nic {
+            addr,
+            mem: Memory::new(seed),
+            cqs: HashMap::new(),
+            qps: HashMap::new(),
+            next_cq: 0,
+            // A fresh rdma_rxe device numbers its first QP 0x11.
+            next_qpn: 0x11,
+            tx: VecDeque::new(),
+            counters: Counters::default(),
+            limits: Limits::default(),
+            exec_log: None,
+            mechanisms: Mechanisms::default(),
+        }
+    }
+
+    /// Switch transport mechanisms on or off (see [`Mechanisms`]).
+    pub fn set_mechanisms(&mut self, m: Mechanisms) {
+        self.mechanisms = m;
+    }
+
+    /// The NIC's address.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Record every request the responder executes (for the simulator's checks).
+    pub fn record_executions(&mut self) {
+        self.exec_log.get_or_insert_with(Vec::new);
+    }
+
+    /// The executions recorded.
+    pub fn executions(&self) -> &[Execution] {
+        self.exec_log.as_deref().unwrap_or(&[])
+    }
+
+    /// Memory regions and protection domains.
+    pub fn memory(&self) -> &Memory {
+        &self.mem
+    }
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&mut self) -> PdHandle {
+        self.mem.alloc_pd()
+    }
+
+    /// Register memory.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdHandle,
+        iova: u64,
+        region: Box<dyn Region>,
+        access: Access,
+    ) -> Result<MrKeys, VerbError> {
+        Ok(self.mem.register(pd, iova, region, access)?)
+    }
+
+    /// Deregister memory and take it back.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<Box<dyn Region>, VerbError> {
+        Ok(self.mem.deregister(lkey)?)
+    }
+
+    /// Read `len` bytes of a region through its local key (for tests and tools).
+    pub fn read_mr(
+        &self,
+        pd: PdHandle,
+        lkey: u32,
+        addr: u64,
+        out: &mut [u8],
+    ) -> Result<(), VerbError> {
+        let span = self
+            .mem
+            .check(lkey, pd, addr, out.len() as u64, Access::NONE)?;
+        self.mem.read(span, out);
+        Ok(())
+    }
+
+    /// Create a completion queue of `depth` entries.
+    pub fn create_cq(&mut self, depth: usize) -> CqHandle {
+        let h = CqHandle(self.next_cq);
+        self.next_cq += 1;
+        self.cqs.insert(h, Cq::new(depth));
+        h
+    }
+
+    /// Take up to `max` completions.
+    pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<Completion>, VerbError> {
+        Ok(self
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbError::NoSuchCq(cq))?
+            .poll(max))
+    }
+
+    /// Create a QP in the RESET state; returns its number.
+    pub fn create_qp(
+        &mut self,
+        pd: PdHandle,
+        qp_type: QpType,
+        send_cq: CqHandle,
+        recv_cq: CqHandle,
+        caps: QpCaps,
+    ) -> Result<u32, VerbError> {
+        if qp_type != QpType::Rc {
+            return Err(VerbError::Unsupported("UC and UD queue pairs"));
+        }
+        for cq in [send_cq, recv_cq] {
+            if !self.cqs.contains_key(&cq) {
+                return Err(VerbError::NoSuchCq(cq));
+            }
+        }
+        self.mem.pd_acquire(pd)?;
+        let qpn = self.next_qpn;
+        self.next_qpn = (self.next_qpn + 1) & 0xFF_FFFF;
+        self.qps
+            .insert(qpn, RcQp::new(qpn, pd, send_cq, recv_cq, caps));
+        Ok(qpn)
+    }
+
+    /// The QP's attributes.
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbError> {
+        Ok(self.qps.get(&qpn).ok_or(VerbError::NoSuchQp(qpn))?.attr)
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(
+        &mut self,
+        now: Time,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbError> {
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            limits,
+            addr,
+            mechanisms,
+            ..
+        } = self;
+        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        let t =
+            qp::modify(QpType::Rc, &mut qp.attr, attr, mask, limits).map_err(VerbError::Modify)?;
+        let mut ctx = Ctx {
+            now,
+            addr: *addr,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            mechanisms: *mechanisms,
+        };
+        match (t.from, t.to) {
+            (_, QpState::Reset) => {
+                qp.flush(&mut ctx);
+                qp.in_msg = None;
+                qp.rd_atomic.clear();
+            }
+            (QpState::Init, QpState::Rtr) => {
+                qp.epsn = Psn::new(qp.attr.rq_psn);
+                qp.msn = 0;
+                qp.seq_nak_sent = false;
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                qp.sq_psn = Psn::new(qp.attr.sq_psn);
+                qp.una = qp.sq_psn;
+                qp.max_sent = qp.sq_psn;
+                qp.retry_left = qp.attr.retry_cnt;
+                qp.rnr_left = qp.attr.rnr_retry;
+            }
+            (from, QpState::Err) if from != QpState::Err => qp.flush(&mut ctx),
+            _ => {}
+        }
+        qp.req_poll(&mut ctx);
+        Ok(())
+    }
+
+    /// `ibv_post_send`. In the error state the request completes at once with
+    /// WR_FLUSH_ERR, as verbs specifies.
+    pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            addr,
+            mechanisms,
+            ..
+        } = self;
+        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
+            return Err(VerbError::TooManySge {
+                given: wr.sg_list.len(),
+                max: qp.caps.max_send_sge,
+            });
+        }
+        if qp.sq.len() >= qp.caps.max_send_wr as usize {
+            return Err(VerbError::QueueFull);
+        }
+        if wr.op.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
+            return Err(VerbError::BadAtomicSge);
+        }
+        let len = sg_len(&wr.sg_list);
+        if len > 1 << 31 {
+            return Err(VerbError::MessageTooLong(len));
+        }
+        let mut ctx = Ctx {
+            now,
+            addr: *addr,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            mechanisms: *mechanisms,
+        };
+        match qp.state() {
+            QpState::Rts | QpState::Sqd => {}
+            QpState::Err => {
+                ctx.complete(
+                    qp.send_cq,
+                    Completion {
+                        wr_id: wr.wr_id,
+                        status: WcStatus::WrFlushErr,
+                        opcode: wr.op.wc_opcode(),
+                        byte_len: 0,
+                        imm_data: None,
+                        qp_num: qpn,
+                    },
+                );
+                return Ok(());
+            }
+            s => return Err(VerbError::BadState(s)),
+        }
+        let pmtu = qp.pmtu();
+        let npkts = match wr.op {
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            _ => len.div_ceil(pmtu).max(1) as u32,
+        };
+        let first_psn = qp.sq_psn;
+        qp.sq_psn = first_psn.add(npkts);
+        qp.sq.push_back(SendWqe {
+            wr,
+            len,
+            first_psn,
+            npkts,
+            resp_done: 0,
+            status: None,
+        });
+        qp.req_poll(&mut ctx);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            addr,
+            mechanisms,
+            ..
+        } = self;
+        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
+            return Err(VerbError::TooManySge {
+                given: wr.sg_list.len(),
+                max: qp.caps.max_recv_sge,
+            });
+        }
+        if qp.rq.len() >= qp.caps.max_recv_wr as usize {
+            return Err(VerbError::QueueFull);
+        }
+        if qp.state() == QpState::Reset {
+            return Err(VerbError::BadState(QpState::Reset));
+        }
+        qp.rq.push_back(wr);
+        if qp.state() == QpState::Err {
+            let mut ctx = Ctx {
+                now,
+                addr: *addr,
+                mem,
+                cqs,
+                tx,
+                counters,
+                exec_log,
+                mechanisms: *mechanisms,
+            };
+            qp.flush(&mut ctx);
+        }
+        Ok(())
+    }
+
+    /// A UDP datagram to port 4791 arrived. Its ICRC is checked under the UDP
+    /// convention (see [`rnic_wire::icrc::for_udp`]); a packet that fails it,
+    /// or does not parse, is dropped and counted.
+    pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
+        let Ok(pkt) = IbPacket::new_checked(&d.payload[..]) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let covered = pkt.covered();
+        match icrc::for_udp(d.src, d.dst, d.src_port, covered) {
+            Ok(crc) if crc == pkt.icrc() => {}
+            _ => {
+                self.counters.icrc_errors += 1;
+                return;
+            }
+        }
+        let qpn = pkt.bth().dest_qp();
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            addr,
+            mechanisms,
+            ..
+        } = self;
+        let Some(qp) = qps.get_mut(&qpn) else {
+            counters.unknown_qp += 1;
+            return;
+        };
+        // A connected QP takes packets from its peer only.
+        if qp.attr.ah_attr.map(|a| a.dest) != Some(d.src) {
+            counters.unknown_qp += 1;
+            return;
+        }
+        counters.rcvd_pkts += 1;
+        let mut ctx = Ctx {
+            now,
+            addr: *addr,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            mechanisms: *mechanisms,
+        };
+        if pkt.info().is_request() {
+            qp.resp_packet(&mut ctx, &pkt);
+        } else {
+            qp.comp_packet(&mut ctx, &pkt);
+        }
+        qp.req_poll(&mut ctx);
+    }
+
+    /// The time is `now`: run expired timers.
+    pub fn handle_timeout(&mut self, now: Time) {
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            addr,
+            mechanisms,
+            ..
+        } = self;
+        let mut ctx = Ctx {
+            now,
+            addr: *addr,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            mechanisms: *mechanisms,
+        };
+        let mut qpns: Vec<u32> = qps.keys().copied().collect();
+        qpns.sort_unstable(); // a deterministic order
+        for qpn in qpns {
+            if let Some(qp) = qps.get_mut(&qpn) {
+                if qp.deadline().is_some_and(|t| t <= now) {
+                    qp.comp_timeout(&mut ctx);
+                    qp.req_poll(&mut ctx);
+                }
+            }
+        }
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Datagram> {
+        self.tx.pop_front()
+    }
+
+    /// When [`Nic::handle_timeout`] must next be called.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.qps.values().filter_map(RcQp::deadline).min()
+    }
+}

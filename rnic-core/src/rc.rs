@@ -1,0 +1,399 @@
+//! A reliable connected queue pair: the state its requester (`req`), completer
+//! (`comp`) and responder (`resp`) share, and what they share with the NIC.
+
+use core::net::IpAddr;
+use std::collections::{HashMap, VecDeque};
+
+use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
+
+use crate::cq::{Cq, CqHandle};
+use crate::mem::{Access, MemError, Memory, PdHandle};
+use crate::nic::Counters;
+use crate::qp::{QpAttr, QpState};
+use crate::sim::Datagram;
+use crate::time::Time;
+use crate::wr::{Completion, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
+
+/// What a QP needs from the NIC while it handles an event.
+pub(crate) struct Ctx<'a> {
+    pub now: Time,
+    pub addr: IpAddr,
+    pub mem: &'a mut Memory,
+    pub cqs: &'a mut HashMap<CqHandle, Cq>,
+    pub tx: &'a mut VecDeque<Datagram>,
+    pub counters: &'a mut Counters,
+    pub exec_log: &'a mut Option<Vec<Execution>>,
+    pub mechanisms: crate::nic::Mechanisms,
+}
+
+impl Ctx<'_> {
+    pub fn complete(&mut self, cq: CqHandle, c: Completion) {
+        if let Some(cq) = self.cqs.get_mut(&cq) {
+            cq.push(c);
+        }
+    }
+}
+
+/// A request the responder carried out, recorded for the simulator's checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Execution {
+    /// The responder's QP.
+    pub qpn: u32,
+    /// PSN of the request (its first packet).
+    pub psn: Psn,
+    /// What was done.
+    pub kind: ExecKind,
+}
+
+/// What the responder did for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecKind {
+    /// A SEND delivered into a receive buffer.
+    Send {
+        /// The payload.
+        data: Vec<u8>,
+    },
+    /// An RDMA WRITE.
+    Write {
+        /// Target address.
+        va: u64,
+        /// The bytes written.
+        data: Vec<u8>,
+    },
+    /// An RDMA READ (or a re-execution of a duplicate).
+    Read {
+        /// Source address.
+        va: u64,
+        /// Length read.
+        len: u64,
+        /// Whether this re-executed a duplicate request.
+        duplicate: bool,
+    },
+    /// An atomic, executed once; duplicates are answered from the cache.
+    Atomic {
+        /// Target address.
+        va: u64,
+        /// The value found.
+        orig: u64,
+        /// The value left.
+        new: u64,
+    },
+}
+
+/// A send work request in the send queue.
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    pub len: u64,
+    pub first_psn: Psn,
+    /// PSNs the request occupies (packets, or READ response packets).
+    pub npkts: u32,
+    /// READ: response packets received in order so far.
+    pub resp_done: u32,
+    pub status: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts - 1)
+    }
+    /// Whether `psn` is one of this request's PSNs.
+    pub fn covers(&self, psn: Psn) -> bool {
+        psn.forward_from(self.first_psn) < self.npkts
+    }
+}
+
+/// A message the responder is in the middle of.
+#[derive(Debug)]
+pub(crate) enum InMsg {
+    Send {
+        recv: RecvWr,
+        offset: u64,
+        first_psn: Psn,
+        data: Vec<u8>,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        remaining: u64,
+        first_psn: Psn,
+        data: Vec<u8>,
+        start_va: u64,
+    },
+}
+
+/// A READ or atomic the responder keeps for duplicates (max_dest_rd_atomic entries).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RdAtomic {
+    Read { psn: Psn, npkts: u32 },
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// Queue pair capacities (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send WR.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive WR.
+    pub max_recv_sge: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> QpCaps {
+        QpCaps {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_send_sge: 16,
+            max_recv_sge: 16,
+        }
+    }
+}
+
+/// The largest number of packets a requester has unacknowledged at once.
+pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
+
+#[derive(Debug)]
+pub(crate) struct RcQp {
+    pub qpn: u32,
+    pub pd: PdHandle,
+    pub send_cq: CqHandle,
+    pub recv_cq: CqHandle,
+    pub caps: QpCaps,
+    pub attr: QpAttr,
+
+    // Requester and completer.
+    pub sq: VecDeque<SendWqe>,
+    /// PSN the next new request gets.
+    pub sq_psn: Psn,
+    /// Index in `sq` of the request being sent, and its next packet.
+    pub next_wqe: usize,
+    pub next_pkt: u32,
+    /// Oldest PSN not yet acknowledged.
+    pub una: Psn,
+    /// The PSN after the furthest packet sent (READs count all their responses).
+    pub max_sent: Psn,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    pub ack_deadline: Option<Time>,
+    pub rnr_until: Option<Time>,
+    /// A READ gap was already answered with a re-read; wait for progress.
+    pub read_gap_pending: bool,
+
+    // Responder.
+    pub rq: VecDeque<RecvWr>,
+    pub epsn: Psn,
+    pub msn: u32,
+    pub in_msg: Option<InMsg>,
+    pub seq_nak_sent: bool,
+    pub rd_atomic: VecDeque<RdAtomic>,
+}
+
+impl RcQp {
+    pub fn new(qpn: u32, pd: PdHandle, send_cq: CqHandle, recv_cq: CqHandle, caps: QpCaps) -> RcQp {
+        RcQp {
+            qpn,
+            pd,
+            send_cq,
+            recv_cq,
+            caps,
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            sq_psn: Psn::new(0),
+            next_wqe: 0,
+            next_pkt: 0,
+            una: Psn::new(0),
+            max_sent: Psn::new(0),
+            retry_left: 0,
+            rnr_left: 0,
+            ack_deadline: None,
+            rnr_until: None,
+            read_gap_pending: false,
+            rq: VecDeque::new(),
+            epsn: Psn::new(0),
+            msn: 0,
+            in_msg: None,
+            seq_nak_sent: false,
+            rd_atomic: VecDeque::new(),
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    pub fn pmtu(&self) -> u64 {
+        self.attr.path_mtu.bytes() as u64
+    }
+
+    /// Emit one IB packet to the peer.
+    pub fn transmit(&self, ctx: &mut Ctx<'_>, ib: &IbRepr, payload: &[u8]) {
+        let Some(av) = self.attr.ah_attr else {
+            return;
+        };
+        let mut buf = vec![0u8; ib.buffer_len()];
+        if ib.emit(&mut buf, payload).is_err() {
+            ctx.counters.send_err += 1;
+            return;
+        }
+        let src_port = rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num);
+        let n = buf.len();
+        match icrc::for_udp(ctx.addr, av.dest, src_port, &buf[..n - 4]) {
+            Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
+            Err(_) => {
+                ctx.counters.send_err += 1;
+                return;
+            }
+        }
+        ctx.counters.sent_pkts += 1;
+        ctx.tx.push_back(Datagram {
+            src: ctx.addr,
+            dst: av.dest,
+            src_port,
+            payload: buf,
+        });
+    }
+
+    /// A BTH to the peer QP.
+    pub fn bth(&self, opcode: rnic_wire::Opcode, psn: Psn) -> bth::Repr {
+        bth::Repr::new(opcode, self.attr.dest_qp_num, psn)
+    }
+
+    /// An ACK (or NAK) with `syndrome` for `psn`.
+    pub fn send_ack(&self, ctx: &mut Ctx<'_>, syndrome: aeth::Syndrome, psn: Psn) {
+        let mut ib = IbRepr::new(self.bth(rnic_wire::Opcode::RC_ACKNOWLEDGE, psn));
+        ib.aeth = Some(aeth::Repr {
+            syndrome,
+            msn: self.msn & 0xFF_FFFF,
+        });
+        self.transmit(ctx, &ib, &[]);
+    }
+
+    /// The ACK syndrome with this QP's receive credits.
+    pub fn ack_syndrome(&self) -> aeth::Syndrome {
+        aeth::Syndrome::Ack {
+            credits: aeth::encode_credits(self.rq.len() as u32),
+        }
+    }
+
+    /// Enter the error state: every outstanding work request completes with
+    /// WR_FLUSH_ERR (the one that failed has already completed with its error).
+    pub fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.attr.qp_state = QpState::Err;
+        self.attr.cur_qp_state = QpState::Err;
+        self.flush(ctx);
+    }
+
+    pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        self.ack_deadline = None;
+        self.rnr_until = None;
+        for w in self.sq.drain(..) {
+            let status = w.status.unwrap_or(WcStatus::WrFlushErr);
+            if status != WcStatus::Success || w.wr.signaled {
+                ctx.complete(
+                    self.send_cq,
+                    Completion {
+                        wr_id: w.wr.wr_id,
+                        status,
+                        opcode: w.wr.op.wc_opcode(),
+                        byte_len: 0,
+                        imm_data: None,
+                        qp_num: self.qpn,
+                    },
+                );
+            }
+        }
+        self.next_wqe = 0;
+        self.next_pkt = 0;
+        if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
+            self.rq.push_front(recv);
+        }
+        for r in self.rq.drain(..) {
+            ctx.complete(
+                self.recv_cq,
+                Completion {
+                    wr_id: r.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm_data: None,
+                    qp_num: self.qpn,
+                },
+            );
+        }
+    }
+}
+
+/// Bytes in a scatter/gather list (saturating).
+pub(crate) fn sg_len(sgl: &[Sge]) -> u64 {
+    sgl.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Gather `out.len()` bytes starting `offset` bytes into `sgl`.
+pub(crate) fn gather(
+    mem: &Memory,
+    pd: PdHandle,
+    sgl: &[Sge],
+    mut offset: u64,
+    out: &mut [u8],
+) -> Result<(), MemError> {
+    let mut done = 0usize;
+    for sge in sgl {
+        let len = u64::from(sge.length);
+        if offset >= len {
+            offset -= len;
+            continue;
+        }
+        let take = ((len - offset) as usize).min(out.len() - done);
+        let span = mem.check(sge.lkey, pd, sge.addr + offset, take as u64, Access::NONE)?;
+        mem.read(span, &mut out[done..done + take]);
+        done += take;
+        offset = 0;
+        if done == out.len() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Scatter `data` starting `offset` bytes into `sgl`, which needs LOCAL_WRITE.
+/// Every SGE touched is checked before any byte is written.
+pub(crate) fn scatter(
+    mem: &mut Memory,
+    pd: PdHandle,
+    sgl: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), MemError> {
+    let mut spans = Vec::new();
+    let mut off = offset;
+    let mut done = 0usize;
+    for sge in sgl {
+        if done == data.len() {
+            break;
+        }
+        let len = u64::from(sge.length);
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let take = ((len - off) as usize).min(data.len() - done);
+        let span = mem.check(
+            sge.lkey,
+            pd,
+            sge.addr + off,
+            take as u64,
+            Access::LOCAL_WRITE,
+        )?;
+        spans.push((span, done, take));
+        done += take;
+        off = 0;
+    }
+    for (span, at, take) in spans {
+        mem.write(span, &data[at..at + take]);
+    }
+    Ok(())
+}

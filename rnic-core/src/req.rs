@@ -1,0 +1,217 @@
+//! The requester: send work requests to packets (PMTU segmentation, RETH on
+//! the first packet, AckReq on the last), and go-back-N.
+
+use rnic_wire::{atomic_eth, immdt, reth, IbRepr, Opcode, Psn};
+
+use crate::qp::QpState;
+use crate::rc::{gather, Ctx, RcQp, MAX_INFLIGHT_PKTS};
+use crate::time::local_ack_timeout;
+use crate::wr::{SendOp, WcStatus};
+
+impl RcQp {
+    /// Send what the window allows.
+    pub(crate) fn req_poll(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state() != QpState::Rts {
+            return;
+        }
+        if let Some(t) = self.rnr_until {
+            if ctx.now < t {
+                return;
+            }
+            self.rnr_until = None;
+        }
+        while self.next_wqe < self.sq.len() {
+            let outstanding = self.first_psn_of_next().forward_from(self.una);
+            if outstanding >= MAX_INFLIGHT_PKTS {
+                break;
+            }
+            let w = &self.sq[self.next_wqe];
+            if w.wr.fence && self.next_pkt == 0 {
+                let unfinished = self
+                    .sq
+                    .iter()
+                    .take(self.next_wqe)
+                    .any(|w| w.wr.op.is_read_or_atomic() && w.status.is_none());
+                if unfinished {
+                    break;
+                }
+            }
+            if w.wr.op.is_read_or_atomic() {
+                let pending = self
+                    .sq
+                    .iter()
+                    .take(self.next_wqe)
+                    .filter(|w| w.wr.op.is_read_or_atomic() && w.status.is_none())
+                    .count();
+                if pending >= usize::from(self.attr.max_rd_atomic.max(1)) {
+                    break;
+                }
+            }
+            if !self.send_next_packet(ctx) {
+                break;
+            }
+        }
+        if self.ack_deadline.is_none() && self.una != self.first_psn_of_next() {
+            self.arm_ack_timer(ctx);
+        }
+    }
+
+    /// The PSN of the next packet to send.
+    pub(crate) fn first_psn_of_next(&self) -> Psn {
+        match self.sq.get(self.next_wqe) {
+            Some(w) => w.first_psn.add(self.next_pkt),
+            None => self.sq_psn,
+        }
+    }
+
+    pub(crate) fn arm_ack_timer(&mut self, ctx: &Ctx<'_>) {
+        self.ack_deadline = local_ack_timeout(self.attr.timeout).map(|d| ctx.now + d);
+    }
+
+    /// Send the next packet of `sq[next_wqe]`; false if the request failed locally.
+    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let pmtu = self.pmtu();
+        let idx = self.next_wqe;
+        let k = self.next_pkt;
+        let (op, len, first_psn, npkts, solicited) = {
+            let w = &self.sq[idx];
+            (w.wr.op, w.len, w.first_psn, w.npkts, w.wr.solicited)
+        };
+        let psn = first_psn.add(k);
+        let offset = u64::from(k) * pmtu;
+        let last = k + 1 == npkts;
+        let mut ib;
+        let mut payload = Vec::new();
+        match op {
+            SendOp::Send { imm } | SendOp::Write { imm, .. } => {
+                let take = (len - offset).min(pmtu) as usize;
+                payload.resize(take, 0);
+                let pd = self.pd;
+                if gather(ctx.mem, pd, &self.sq[idx].wr.sg_list, offset, &mut payload).is_err() {
+                    self.fail_local(ctx, idx, WcStatus::LocProtErr);
+                    return false;
+                }
+                let is_write = matches!(op, SendOp::Write { .. });
+                let opcode = match (is_write, k == 0, last, imm.is_some()) {
+                    (false, true, true, false) => Opcode::RC_SEND_ONLY,
+                    (false, true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                    (false, true, false, _) => Opcode::RC_SEND_FIRST,
+                    (false, false, false, _) => Opcode::RC_SEND_MIDDLE,
+                    (false, false, true, false) => Opcode::RC_SEND_LAST,
+                    (false, false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+                    (true, true, true, false) => Opcode::RC_RDMA_WRITE_ONLY,
+                    (true, true, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                    (true, true, false, _) => Opcode::RC_RDMA_WRITE_FIRST,
+                    (true, false, false, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+                    (true, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
+                    (true, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                };
+                ib = IbRepr::new(self.bth(opcode, psn));
+                if let SendOp::Write {
+                    remote_addr, rkey, ..
+                } = op
+                {
+                    if k == 0 {
+                        ib.reth = Some(reth::Repr {
+                            va: remote_addr,
+                            r_key: rkey,
+                            dma_length: len as u32,
+                        });
+                    }
+                }
+                if last {
+                    ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
+                }
+                ib.bth.solicited = last && solicited;
+                ib.bth.ack_req = last;
+                ib.payload_len = payload.len();
+            }
+            SendOp::Read { remote_addr, rkey } => {
+                // A re-issued READ asks only for what is still missing.
+                ib = IbRepr::new(self.bth(Opcode::RC_RDMA_READ_REQUEST, psn));
+                ib.reth = Some(reth::Repr {
+                    va: remote_addr.wrapping_add(offset),
+                    r_key: rkey,
+                    dma_length: (len - offset.min(len)) as u32,
+                });
+                ib.bth.ack_req = true;
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                ib = IbRepr::new(self.bth(Opcode::RC_COMPARE_SWAP, psn));
+                ib.atomic_eth = Some(atomic_eth::Repr {
+                    va: remote_addr,
+                    r_key: rkey,
+                    swap_or_add_data: swap,
+                    compare_data: compare,
+                });
+                ib.bth.ack_req = true;
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                ib = IbRepr::new(self.bth(Opcode::RC_FETCH_ADD, psn));
+                ib.atomic_eth = Some(atomic_eth::Repr {
+                    va: remote_addr,
+                    r_key: rkey,
+                    swap_or_add_data: add,
+                    compare_data: 0,
+                });
+                ib.bth.ack_req = true;
+            }
+        }
+        self.transmit(ctx, &ib, &payload);
+        let end = if op.is_read_or_atomic() {
+            first_psn.add(npkts)
+        } else {
+            psn.next()
+        };
+        if end.is_after(self.max_sent) {
+            self.max_sent = end;
+        }
+        if op.is_read_or_atomic() || last {
+            self.next_wqe += 1;
+            self.next_pkt = 0;
+        } else {
+            self.next_pkt += 1;
+        }
+        true
+    }
+
+    /// A request failed before reaching the wire: it completes with `status`
+    /// and the QP enters the error state.
+    fn fail_local(&mut self, ctx: &mut Ctx<'_>, idx: usize, status: WcStatus) {
+        self.sq[idx].status = Some(status);
+        // Requests before it that are already acknowledged complete first.
+        self.complete_front(ctx);
+        self.enter_error(ctx);
+    }
+
+    /// Go back to `psn`: resend from the request that holds it (go-back-N).
+    pub(crate) fn go_back(&mut self, psn: Psn) {
+        if let Some(i) = self
+            .sq
+            .iter()
+            .position(|w| w.status.is_none() && w.covers(psn))
+        {
+            let w = &self.sq[i];
+            self.next_wqe = i;
+            self.next_pkt = if w.wr.op.is_read_or_atomic() {
+                // A READ restarts at the first response not received.
+                if matches!(w.wr.op, SendOp::Read { .. }) {
+                    w.resp_done
+                } else {
+                    0
+                }
+            } else {
+                psn.forward_from(w.first_psn)
+            };
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The responder: request packets to memory and ACKs. PSN classification
+//! (expected, duplicate, ahead) with one sequence-error NAK per gap; duplicates
+//! re-ACKed, duplicate READs re-executed, duplicate atomics answered from a
+//! replay cache; receive-not-ready NAKs; rkey, PD, access and bounds checks
+//! with the IBTA NAK codes, writing nothing on failure.
+
+use rnic_wire::aeth::{NakCode, Syndrome};
+use rnic_wire::{aeth, atomic_ack_eth, IbPacket, IbRepr, Opcode, Operation, Position, Psn};
+
+use crate::mem::{Access, MemError};
+use crate::qp::QpState;
+use crate::rc::{scatter, sg_len, Ctx, ExecKind, Execution, InMsg, RcQp, RdAtomic};
+use crate::wr::{Completion, WcOpcode, WcStatus};
+
+/// Why a request was refused.
+enum Refusal {
+    /// NAK with this code; the QP enters the error state.
+    Nak(NakCode),
+    /// No receive posted: RNR NAK, try again later.
+    NotReady,
+}
+
+impl From<MemError> for Refusal {
+    fn from(e: MemError) -> Refusal {
+        match e {
+            MemError::Misaligned { .. } => Refusal::Nak(NakCode::InvalidRequest),
+            _ => Refusal::Nak(NakCode::RemoteAccessError),
+        }
+    }
+}
+
+impl RcQp {
+    /// A request packet arrived.
+    pub(crate) fn resp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
+        if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let psn = pkt.bth().psn();
+        let d = psn.diff(self.epsn);
+        if d > 0 {
+            ctx.counters.out_of_seq_request += 1;
+            if !self.seq_nak_sent {
+                self.seq_nak_sent = true;
+                let epsn = self.epsn;
+                self.send_ack(ctx, Syndrome::Nak(NakCode::PsnSeqError), epsn);
+            }
+            return;
+        }
+        if d < 0 && ctx.mechanisms.duplicate_detection {
+            ctx.counters.duplicate_request += 1;
+            self.duplicate(ctx, pkt, psn);
+            return;
+        }
+        self.seq_nak_sent = false;
+        match self.execute(ctx, pkt, psn) {
+            Ok(()) => {}
+            Err(Refusal::NotReady) => {
+                ctx.counters.send_rnr_err += 1;
+                let timer = self.attr.min_rnr_timer;
+                self.send_ack(ctx, Syndrome::RnrNak { timer }, psn);
+            }
+            Err(Refusal::Nak(code)) => {
+                self.send_ack(ctx, Syndrome::Nak(code), psn);
+                if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
+                    let status = if code == NakCode::RemoteOperationalError {
+                        WcStatus::LocLenErr
+                    } else {
+                        WcStatus::LocQpOpErr
+                    };
+                    ctx.complete(
+                        self.recv_cq,
+                        Completion {
+                            wr_id: recv.wr_id,
+                            status,
+                            opcode: WcOpcode::Recv,
+                            byte_len: 0,
+                            imm_data: None,
+                            qp_num: self.qpn,
+                        },
+                    );
+                }
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    fn duplicate(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
+        match pkt.info().operation {
+            Operation::RdmaReadRequest => {
+                let known = self.rd_atomic.iter().any(|e| match *e {
+                    RdAtomic::Read { psn: p, npkts } => psn.forward_from(p) < npkts,
+                    _ => false,
+                });
+                if known {
+                    // Re-execute: READ has no side effect at the responder.
+                    if let Some(r) = pkt.reth() {
+                        // The range was readable the first time; if it is not now
+                        // (deregistered meanwhile), answer as for a new request.
+                        if let Err(Refusal::Nak(code)) = self.read_reply(
+                            ctx,
+                            psn,
+                            r.va(),
+                            r.r_key(),
+                            u64::from(r.dma_length()),
+                            true,
+                        ) {
+                            self.send_ack(ctx, Syndrome::Nak(code), psn);
+                        }
+                    }
+                }
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                // Never executed twice: the saved result, with its MSN.
+                let saved = self.rd_atomic.iter().find_map(|e| match *e {
+                    RdAtomic::Atomic { psn: p, orig, msn } if p == psn => Some((orig, msn)),
+                    _ => None,
+                });
+                match saved {
+                    Some((orig, msn)) if ctx.mechanisms.atomic_replay_cache => {
+                        self.atomic_ack(ctx, psn, orig, msn)
+                    }
+                    // Without the cache: execute it again (what the cache prevents).
+                    Some(_) => {
+                        let _ = self.execute_atomic(ctx, pkt, psn, true);
+                    }
+                    None => {}
+                }
+            }
+            _ => {
+                if pkt.bth().ack_req() {
+                    // Everything before `epsn` is done: say so again.
+                    let last = self.epsn.sub(1);
+                    let syndrome = self.ack_syndrome();
+                    self.send_ack(ctx, syndrome, last);
+                }
+            }
+        }
+    }
+
+    fn execute(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+    ) -> Result<(), Refusal> {
+        let info = pkt.info();
+        let pmtu = self.pmtu();
+        let payload = pkt.payload();
+        let position = info.position;
+        // Packets of a multi-packet message carry exactly a PMTU, except the last.
+        let full = matches!(position, Position::First | Position::Middle);
+        if (full && payload.len() as u64 != pmtu) || payload.len() as u64 > pmtu {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        // A message in progress must be continued by its MIDDLE/LAST packets.
+        let continues = matches!(position, Position::Middle | Position::Last);
+        match (&self.in_msg, continues) {
+            (Some(InMsg::Send { .. }), true) if info.operation == Operation::Send => {}
+            (Some(InMsg::Write { .. }), true) if info.operation == Operation::RdmaWrite => {}
+            (None, false) => {}
+            _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+        }
+        match info.operation {
+            Operation::Send => self.exec_send(ctx, pkt, psn)?,
+            Operation::RdmaWrite => self.exec_write(ctx, pkt, psn)?,
+            Operation::RdmaReadRequest => {
+                if !self.attr.qp_access_flags.contains(Access::REMOTE_READ) {
+                    return Err(Refusal::Nak(NakCode::InvalidRequest));
+                }
+                let r = pkt.reth().ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+                let len = u64::from(r.dma_length());
+                let npkts = self.read_reply(ctx, psn, r.va(), r.r_key(), len, false)?;
+                self.remember(RdAtomic::Read { psn, npkts });
+                self.msn = self.msn.wrapping_add(1);
+                self.epsn = psn.add(npkts);
+                return Ok(());
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                return self.execute_atomic(ctx, pkt, psn, false);
+            }
+            _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+        }
+        self.epsn = psn.next();
+        if pkt.bth().ack_req() {
+            let syndrome = self.ack_syndrome();
+            self.send_ack(ctx, syndrome, psn);
+        }
+        Ok(())
+    }
+
+    fn exec_send(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+    ) -> Result<(), Refusal> {
+        let info = pkt.info();
+        if self.in_msg.is_none() {
+            let recv = self.rq.pop_front().ok_or(Refusal::NotReady)?;
+            self.in_msg = Some(InMsg::Send {
+                recv,
+                offset: 0,
+                first_psn: psn,
+                data: Vec::new(),
+            });
+        }
+        let Some(InMsg::Send {
+            recv, offset, data, ..
+        }) = &mut self.in_msg
+        else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        let payload = pkt.payload();
+        if *offset + payload.len() as u64 > sg_len(&recv.sg_list) {
+            // The SEND is longer than the receive buffer (rdma_rxe NAKs 0x63).
+            return Err(Refusal::Nak(NakCode::RemoteOperationalError));
+        }
+        let pd = self.pd;
+        let sgl = recv.sg_list.clone();
+        scatter(ctx.mem, pd, &sgl, *offset, payload)
+            .map_err(|_| Refusal::Nak(NakCode::RemoteOperationalError))?;
+        *offset += payload.len() as u64;
+        if ctx.exec_log.is_some() {
+            data.extend_from_slice(payload);
+        }
+        if info.position.ends_message() {
+            let Some(InMsg::Send {
+                recv,
+                offset,
+                first_psn,
+                data,
+            }) = self.in_msg.take()
+            else {
+                return Ok(());
+            };
+            self.msn = self.msn.wrapping_add(1);
+            ctx.counters.rdma_recvs += 1;
+            self.log(ctx, first_psn, ExecKind::Send { data });
+            ctx.complete(
+                self.recv_cq,
+                Completion {
+                    wr_id: recv.wr_id,
+                    status: WcStatus::Success,
+                    opcode: WcOpcode::Recv,
+                    byte_len: offset as u32,
+                    imm_data: pkt.immdt().map(|i| i.immediate()),
+                    qp_num: self.qpn,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn exec_write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+    ) -> Result<(), Refusal> {
+        let info = pkt.info();
+        if !self.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        // WRITE with immediate consumes a receive: check before writing anything.
+        if info.has_immediate() && self.rq.is_empty() {
+            return Err(Refusal::NotReady);
+        }
+        if self.in_msg.is_none() {
+            let r = pkt.reth().ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+            let len = u64::from(r.dma_length());
+            // A zero-length WRITE names no memory: its R_Key is not checked.
+            if len > 0 {
+                ctx.mem
+                    .check(r.r_key(), self.pd, r.va(), len, Access::REMOTE_WRITE)?;
+            }
+            self.in_msg = Some(InMsg::Write {
+                va: r.va(),
+                rkey: r.r_key(),
+                remaining: len,
+                first_psn: psn,
+                data: Vec::new(),
+                start_va: r.va(),
+            });
+        }
+        let Some(InMsg::Write {
+            va,
+            rkey,
+            remaining,
+            data,
+            ..
+        }) = &mut self.in_msg
+        else {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        };
+        let payload = pkt.payload();
+        let n = payload.len() as u64;
+        let ends = info.position.ends_message();
+        if n > *remaining || (ends && n != *remaining) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        if n > 0 {
+            let span = ctx
+                .mem
+                .check(*rkey, self.pd, *va, n, Access::REMOTE_WRITE)?;
+            ctx.mem.write(span, payload);
+        }
+        *va = va.wrapping_add(n);
+        *remaining -= n;
+        if ctx.exec_log.is_some() {
+            data.extend_from_slice(payload);
+        }
+        if ends {
+            let Some(InMsg::Write {
+                first_psn,
+                data,
+                start_va,
+                ..
+            }) = self.in_msg.take()
+            else {
+                return Ok(());
+            };
+            self.msn = self.msn.wrapping_add(1);
+            let len = data.len();
+            self.log(ctx, first_psn, ExecKind::Write { va: start_va, data });
+            if let Some(imm) = pkt.immdt() {
+                if let Some(recv) = self.rq.pop_front() {
+                    ctx.complete(
+                        self.recv_cq,
+                        Completion {
+                            wr_id: recv.wr_id,
+                            status: WcStatus::Success,
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                            byte_len: len as u32,
+                            imm_data: Some(imm.immediate()),
+                            qp_num: self.qpn,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Execute an atomic and answer it. `again` (only with the replay cache
+    /// switched off) re-executes a duplicate.
+    fn execute_atomic(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+        again: bool,
+    ) -> Result<(), Refusal> {
+        if !self.attr.qp_access_flags.contains(Access::REMOTE_ATOMIC) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let a = pkt
+            .atomic_eth()
+            .ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+        let span = ctx.mem.check_atomic(a.r_key(), self.pd, a.va())?;
+        let orig = ctx.mem.read_u64(span);
+        let new = if pkt.info().operation == Operation::FetchAdd {
+            orig.wrapping_add(a.swap_or_add_data())
+        } else if orig == a.compare_data() {
+            a.swap_or_add_data()
+        } else {
+            orig
+        };
+        ctx.mem.write_u64(span, new);
+        self.log(
+            ctx,
+            psn,
+            ExecKind::Atomic {
+                va: a.va(),
+                orig,
+                new,
+            },
+        );
+        if !again {
+            self.msn = self.msn.wrapping_add(1);
+        }
+        let msn = self.msn;
+        self.remember(RdAtomic::Atomic { psn, orig, msn });
+        self.atomic_ack(ctx, psn, orig, msn);
+        if !again {
+            self.epsn = psn.next();
+        }
+        Ok(())
+    }
+
+    /// Send the READ responses for `len` bytes at `va`, from PSN `psn`; returns
+    /// the number of response packets.
+    fn read_reply(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        len: u64,
+        duplicate: bool,
+    ) -> Result<u32, Refusal> {
+        let pmtu = self.pmtu();
+        let span = if len > 0 {
+            Some(ctx.mem.check(rkey, self.pd, va, len, Access::REMOTE_READ)?)
+        } else {
+            None
+        };
+        let npkts = len.div_ceil(pmtu).max(1) as u32;
+        let mut data = vec![0u8; len as usize];
+        if let Some(span) = span {
+            ctx.mem.read(span, &mut data);
+        }
+        self.log(ctx, psn, ExecKind::Read { va, len, duplicate });
+        let msn = if duplicate {
+            self.msn
+        } else {
+            self.msn.wrapping_add(1)
+        };
+        for k in 0..npkts {
+            let opcode = match (k == 0, k + 1 == npkts) {
+                (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            };
+            let start = (u64::from(k) * pmtu) as usize;
+            let end = (start + pmtu as usize).min(data.len());
+            let mut ib = IbRepr::new(self.bth(opcode, psn.add(k)));
+            if opcode
+                .info()
+                .is_some_and(|i| i.has(rnic_wire::ExtHeader::Aeth))
+            {
+                ib.aeth = Some(aeth::Repr {
+                    syndrome: self.ack_syndrome(),
+                    msn: msn & 0xFF_FFFF,
+                });
+            }
+            ib.payload_len = end - start;
+            self.transmit(ctx, &ib, &data[start..end]);
+        }
+        Ok(npkts)
+    }
+
+    fn atomic_ack(&self, ctx: &mut Ctx<'_>, psn: Psn, orig: u64, msn: u32) {
+        let mut ib = IbRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn));
+        ib.aeth = Some(aeth::Repr {
+            syndrome: self.ack_syndrome(),
+            msn: msn & 0xFF_FFFF,
+        });
+        ib.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig_rem_dt: orig });
+        self.transmit(ctx, &ib, &[]);
+    }
+
+    fn remember(&mut self, e: RdAtomic) {
+        self.rd_atomic.push_back(e);
+        while self.rd_atomic.len() > usize::from(self.attr.max_dest_rd_atomic.max(1)) {
+            self.rd_atomic.pop_front();
+        }
+    }
+
+    fn log(&self, ctx: &mut Ctx<'_>, psn: Psn, kind: ExecKind) {
+        if let Some(log) = ctx.exec_log {
+            log.push(Execution {
+                qpn: self.qpn,
+                psn,
+                kind,
+            });
+        }
+    }
+}

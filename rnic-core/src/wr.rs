@@ -1,0 +1,203 @@
+//! Work requests and completions, shaped like `ibv_send_wr`, `ibv_recv_wr` and
+//! `ibv_wc`.
+
+use core::fmt;
+
+/// A scatter/gather element: `length` bytes at `addr` in the region of `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// Address (in the region's I/O virtual address space).
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// What a send work request does (`ibv_wr_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SendOp {
+    /// IBV_WR_SEND, or IBV_WR_SEND_WITH_IMM with `imm`.
+    Send {
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// IBV_WR_RDMA_WRITE, or IBV_WR_RDMA_WRITE_WITH_IMM with `imm`.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: Option<u32>,
+    },
+    /// IBV_WR_RDMA_READ.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// IBV_WR_ATOMIC_CMP_AND_SWP: if the remote 8 bytes equal `compare`, store
+    /// `swap`; the original value lands in the (8-byte) local SGE.
+    CompareSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to compare with.
+        compare: u64,
+        /// Value to store.
+        swap: u64,
+    },
+    /// IBV_WR_ATOMIC_FETCH_AND_ADD: add `add`; the original value lands in the
+    /// local SGE.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode it produces.
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Write { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+    /// READ and the atomics: operations that wait for data from the responder.
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+        )
+    }
+    /// The atomics.
+    pub const fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local buffers: gathered from for SEND/WRITE, scattered to for READ and atomics.
+    pub sg_list: Vec<Sge>,
+    /// IBV_SEND_SIGNALED: produce a completion on success.
+    pub signaled: bool,
+    /// IBV_SEND_SOLICITED: set SE on the last packet.
+    pub solicited: bool,
+    /// IBV_SEND_FENCE: start only after every earlier READ and atomic has
+    /// completed (so that a READ retried after a loss cannot see this request's
+    /// writes).
+    pub fence: bool,
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's payload goes.
+    pub sg_list: Vec<Sge>,
+}
+
+/// Completion status (`ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// IBV_WC_SUCCESS.
+    Success,
+    /// IBV_WC_LOC_LEN_ERR: a receive buffer too small for the SEND.
+    LocLenErr,
+    /// IBV_WC_LOC_QP_OP_ERR.
+    LocQpOpErr,
+    /// IBV_WC_LOC_PROT_ERR: a local SGE failed its memory check.
+    LocProtErr,
+    /// IBV_WC_WR_FLUSH_ERR: the QP went to the error state first.
+    WrFlushErr,
+    /// IBV_WC_REM_INV_REQ_ERR: NAK "invalid request".
+    RemInvReqErr,
+    /// IBV_WC_REM_ACCESS_ERR: NAK "remote access error".
+    RemAccessErr,
+    /// IBV_WC_REM_OP_ERR: NAK "remote operational error".
+    RemOpErr,
+    /// IBV_WC_RETRY_EXC_ERR: no answer after retry_cnt retries.
+    RetryExcErr,
+    /// IBV_WC_RNR_RETRY_EXC_ERR: still receiver-not-ready after rnr_retry retries.
+    RnrRetryExcErr,
+    /// IBV_WC_BAD_RESP_ERR: a response that makes no sense.
+    BadRespErr,
+}
+
+impl WcStatus {
+    /// The `ibv_wc_status` name, as `ibv_wc_status_str` spells the enum.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WcStatus::Success => "IBV_WC_SUCCESS",
+            WcStatus::LocLenErr => "IBV_WC_LOC_LEN_ERR",
+            WcStatus::LocQpOpErr => "IBV_WC_LOC_QP_OP_ERR",
+            WcStatus::LocProtErr => "IBV_WC_LOC_PROT_ERR",
+            WcStatus::WrFlushErr => "IBV_WC_WR_FLUSH_ERR",
+            WcStatus::RemInvReqErr => "IBV_WC_REM_INV_REQ_ERR",
+            WcStatus::RemAccessErr => "IBV_WC_REM_ACCESS_ERR",
+            WcStatus::RemOpErr => "IBV_WC_REM_OP_ERR",
+            WcStatus::RetryExcErr => "IBV_WC_RETRY_EXC_ERR",
+            WcStatus::RnrRetryExcErr => "IBV_WC_RNR_RETRY_EXC_ERR",
+            WcStatus::BadRespErr => "IBV_WC_BAD_RESP_ERR",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Completion opcode (`ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// IBV_WC_SEND.
+    Send,
+    /// IBV_WC_RDMA_WRITE.
+    RdmaWrite,
+    /// IBV_WC_RDMA_READ.
+    RdmaRead,
+    /// IBV_WC_COMP_SWAP.
+    CompSwap,
+    /// IBV_WC_FETCH_ADD.
+    FetchAdd,
+    /// IBV_WC_RECV.
+    Recv,
+    /// IBV_WC_RECV_RDMA_WITH_IMM.
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The work request's wr_id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningful on success, as in verbs).
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions).
+    pub byte_len: u32,
+    /// Immediate data (IBV_WC_WITH_IMM).
+    pub imm_data: Option<u32>,
+    /// The local QP.
+    pub qp_num: u32,
+}

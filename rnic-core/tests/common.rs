@@ -1,0 +1,258 @@
+//! Two NICs with one connected RC QP pair, on a simulated network.
+
+#![allow(dead_code, missing_docs)]
+
+use std::time::Duration;
+
+use rnic_core::cq::CqHandle;
+use rnic_core::mem::{Access, MrKeys, PdHandle};
+use rnic_core::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use rnic_core::sim::{Cluster, LinkConfig};
+use rnic_core::time::Time;
+use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge};
+use rnic_core::QpCaps;
+
+pub const A_IOVA: u64 = 0x1_0000_0000;
+pub const B_IOVA: u64 = 0x2_0000_0000;
+pub const REGION: usize = 256 * 1024;
+
+pub struct Side {
+    pub pd: PdHandle,
+    pub cq: CqHandle,
+    pub qpn: u32,
+    pub mr: MrKeys,
+}
+
+pub struct Pair {
+    pub c: Cluster,
+    pub a: Side,
+    pub b: Side,
+}
+
+pub struct Params {
+    pub link: LinkConfig,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub mtu: Mtu,
+    pub b_access: Access,
+    pub b_qp_access: Access,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            link: LinkConfig::perfect(Duration::from_micros(5)),
+            timeout: 8, // 1.05 ms
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1, // 10 us
+            mtu: Mtu::Mtu1024,
+            b_access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            b_qp_access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        }
+    }
+}
+
+fn side(c: &mut Cluster, i: usize, iova: u64, access: Access) -> Side {
+    let nic = &mut c.nics[i];
+    let pd = nic.alloc_pd();
+    let cq = nic.create_cq(4096);
+    let qpn = nic
+        .create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
+        .unwrap();
+    let mr = nic
+        .reg_mr(pd, iova, Box::new(vec![0u8; REGION]), access)
+        .unwrap();
+    Side { pd, cq, qpn, mr }
+}
+
+fn connect(
+    c: &mut Cluster,
+    i: usize,
+    me: &Side,
+    peer: &Side,
+    p: &Params,
+    qp_access: Access,
+    (sq_psn, rq_psn): (u32, u32),
+) {
+    let dest = c.nics[1 - i].addr();
+    let now = c.now;
+    let nic = &mut c.nics[i];
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: qp_access,
+        ..QpAttr::default()
+    };
+    nic.modify_qp(
+        now,
+        me.qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.ah_attr = Some(AddressVector {
+        dest,
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+    });
+    a.path_mtu = p.mtu;
+    a.dest_qp_num = peer.qpn;
+    a.rq_psn = rq_psn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = p.min_rnr_timer;
+    nic.modify_qp(
+        now,
+        me.qpn,
+        &a,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = sq_psn;
+    a.timeout = p.timeout;
+    a.retry_cnt = p.retry_cnt;
+    a.rnr_retry = p.rnr_retry;
+    a.max_rd_atomic = 16;
+    nic.modify_qp(
+        now,
+        me.qpn,
+        &a,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+impl Pair {
+    /// A's PSNs start just below the 24-bit wrap, so every run crosses it.
+    pub fn new(seed: u64, p: &Params) -> Pair {
+        let mut c = Cluster::new(seed, p.link, 2);
+        let a = side(
+            &mut c,
+            0,
+            A_IOVA,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        );
+        let b = side(&mut c, 1, B_IOVA, p.b_access);
+        connect(
+            &mut c,
+            0,
+            &a,
+            &b,
+            p,
+            Access::REMOTE_WRITE | Access::REMOTE_READ,
+            (0xFF_FFF0, 0x00_b000),
+        );
+        connect(&mut c, 1, &b, &a, p, p.b_qp_access, (0x00_b000, 0xFF_FFF0));
+        c.nics[1].record_executions();
+        Pair { c, a, b }
+    }
+
+    pub fn sge_a(&self, offset: u64, len: u32) -> Vec<Sge> {
+        vec![Sge {
+            addr: A_IOVA + offset,
+            length: len,
+            lkey: self.a.mr.lkey,
+        }]
+    }
+
+    pub fn post(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>) {
+        self.post_fenced(wr_id, op, sg_list, false);
+    }
+
+    pub fn post_fenced(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>, fence: bool) {
+        let now = self.c.now;
+        self.c.nics[0]
+            .post_send(
+                now,
+                self.a.qpn,
+                SendWr {
+                    wr_id,
+                    op,
+                    sg_list,
+                    signaled: true,
+                    solicited: false,
+                    fence,
+                },
+            )
+            .unwrap();
+    }
+
+    pub fn recv_b(&mut self, wr_id: u64, offset: u64, len: u32) {
+        let now = self.c.now;
+        let sg_list = vec![Sge {
+            addr: B_IOVA + offset,
+            length: len,
+            lkey: self.b.mr.lkey,
+        }];
+        self.c.nics[1]
+            .post_recv(now, self.b.qpn, RecvWr { wr_id, sg_list })
+            .unwrap();
+    }
+
+    pub fn write_a(&mut self, offset: u64, data: &[u8]) {
+        // Through a loopback WRITE would be circular; the simulator owns the
+        // memory, so fill A's buffer by re-registering a prepared region.
+        let nic = &mut self.c.nics[0];
+        let region = nic.dereg_mr(self.a.mr.lkey).unwrap();
+        let mut bytes = vec![0u8; REGION];
+        region.read(0, &mut bytes);
+        bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        self.a.mr = nic
+            .reg_mr(
+                self.a.pd,
+                A_IOVA,
+                Box::new(bytes),
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+    }
+
+    pub fn read(&self, i: usize, offset: u64, len: usize) -> Vec<u8> {
+        let (side, iova) = if i == 0 {
+            (&self.a, A_IOVA)
+        } else {
+            (&self.b, B_IOVA)
+        };
+        let mut out = vec![0u8; len];
+        self.c.nics[i]
+            .read_mr(side.pd, side.mr.lkey, iova + offset, &mut out)
+            .unwrap();
+        out
+    }
+
+    /// Run until idle (bounded); panics if the simulation does not settle.
+    pub fn run(&mut self) {
+        let limit = self.c.now + Duration::from_secs(600);
+        assert!(
+            self.c.run(limit, 5_000_000),
+            "the simulation did not settle"
+        );
+    }
+
+    pub fn completions(&mut self, i: usize) -> Vec<Completion> {
+        let cq = if i == 0 { self.a.cq } else { self.b.cq };
+        self.c.nics[i].poll_cq(cq, usize::MAX).unwrap()
+    }
+}
+
+pub fn t(ns: u64) -> Time {
+    Time(ns)
+}

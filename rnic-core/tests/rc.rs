@@ -1,0 +1,342 @@
+//! RC transport scenarios on the simulator.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use rnic_core::mem::Access;
+use rnic_core::sim::LinkConfig;
+use rnic_core::wr::{SendOp, WcOpcode, WcStatus};
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn write_then_read_back() {
+    let mut p = Pair::new(1, &Params::default());
+    let data = pattern(5000, 3);
+    p.write_a(0, &data);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA + 100,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 5000),
+    );
+    p.post(
+        2,
+        SendOp::Read {
+            remote_addr: B_IOVA + 100,
+            rkey,
+        },
+        p.sge_a(10_000, 5000),
+    );
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!((c[0].wr_id, c[0].opcode), (1, WcOpcode::RdmaWrite));
+    assert_eq!(
+        (c[1].wr_id, c[1].opcode, c[1].byte_len),
+        (2, WcOpcode::RdmaRead, 5000)
+    );
+    assert_eq!(p.read(1, 100, 5000), data);
+    assert_eq!(p.read(0, 10_000, 5000), data);
+    // The target's CPU saw nothing: no completion on B.
+    assert!(p.completions(1).is_empty());
+}
+
+#[test]
+fn send_with_immediate_and_write_with_immediate() {
+    let mut p = Pair::new(2, &Params::default());
+    let data = pattern(3000, 9);
+    p.write_a(0, &data);
+    p.recv_b(77, 0, 4096);
+    p.recv_b(78, 8192, 16);
+    p.post(
+        1,
+        SendOp::Send {
+            imm: Some(0xdead_beef),
+        },
+        p.sge_a(0, 3000),
+    );
+    let rkey = p.b.mr.rkey;
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA + 20_000,
+            rkey,
+            imm: Some(5),
+        },
+        p.sge_a(0, 0),
+    );
+    p.run();
+    let a = p.completions(0);
+    assert!(a.iter().all(|c| c.status == WcStatus::Success), "{a:?}");
+    let b = p.completions(1);
+    assert_eq!(b.len(), 2);
+    assert_eq!(
+        (b[0].wr_id, b[0].opcode, b[0].byte_len, b[0].imm_data),
+        (77, WcOpcode::Recv, 3000, Some(0xdead_beef))
+    );
+    assert_eq!(
+        (b[1].wr_id, b[1].opcode, b[1].byte_len, b[1].imm_data),
+        (78, WcOpcode::RecvRdmaWithImm, 0, Some(5))
+    );
+    assert_eq!(p.read(1, 0, 3000), data);
+}
+
+#[test]
+fn atomics() {
+    let mut p = Pair::new(3, &Params::default());
+    let rkey = p.b.mr.rkey;
+    let va = B_IOVA + 64;
+    // CAS that matches (0 -> 7), CAS that does not (compare 1), FETCH_ADD 5.
+    p.post(
+        1,
+        SendOp::CompareSwap {
+            remote_addr: va,
+            rkey,
+            compare: 0,
+            swap: 7,
+        },
+        p.sge_a(0, 8),
+    );
+    p.post(
+        2,
+        SendOp::CompareSwap {
+            remote_addr: va,
+            rkey,
+            compare: 1,
+            swap: 9,
+        },
+        p.sge_a(8, 8),
+    );
+    p.post(
+        3,
+        SendOp::FetchAdd {
+            remote_addr: va,
+            rkey,
+            add: 5,
+        },
+        p.sge_a(16, 8),
+    );
+    p.run();
+    let c = p.completions(0);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    let orig = |o| u64::from_ne_bytes(p.read(0, o, 8).try_into().unwrap());
+    assert_eq!((orig(0), orig(8), orig(16)), (0, 7, 7));
+    assert_eq!(u64::from_ne_bytes(p.read(1, 64, 8).try_into().unwrap()), 12);
+}
+
+#[test]
+fn rkey_violation_writes_nothing_and_flushes_the_rest() {
+    let mut p = Pair::new(4, &Params::default());
+    p.write_a(0, &pattern(2048, 1));
+    let rkey = p.b.mr.rkey;
+    // Past the end of B's region, then a good WRITE that must be flushed.
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA + REGION as u64 - 1000,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 2048),
+    );
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 2048),
+    );
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert!(p
+        .read(1, REGION as u64 - 1000, 1000)
+        .iter()
+        .all(|&b| b == 0));
+    assert!(p.read(1, 0, 2048).iter().all(|&b| b == 0));
+    assert!(p.c.nics[1].executions().is_empty());
+}
+
+#[test]
+fn wrong_key_byte_and_missing_rights() {
+    // The QP refuses remote writes.
+    let params = Params {
+        b_qp_access: Access::REMOTE_READ,
+        ..Params::default()
+    };
+    let mut p = Pair::new(5, &params);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 16),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemInvReqErr);
+
+    let mut p = Pair::new(6, &Params::default());
+    let bad = p.b.mr.rkey ^ 0x01;
+    p.post(
+        1,
+        SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey: bad,
+        },
+        p.sge_a(0, 16),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn send_longer_than_the_receive() {
+    let mut p = Pair::new(7, &Params::default());
+    p.recv_b(1, 0, 100);
+    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 2000));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemOpErr);
+    assert_eq!(p.completions(1)[0].status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn rnr_retry_exceeded_and_not() {
+    let params = Params {
+        rnr_retry: 2,
+        ..Params::default()
+    };
+    let mut p = Pair::new(8, &params);
+    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 10));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RnrRetryExcErr);
+    // The first try and two retries were refused.
+    assert_eq!(p.c.nics[1].counters().send_rnr_err, 3);
+
+    let mut p = Pair::new(9, &params);
+    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 10));
+    // Let one RNR NAK happen, then post the receive.
+    let until = p.c.now + Duration::from_micros(12);
+    p.c.run(until, 1000);
+    p.recv_b(5, 0, 64);
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert!(p.c.nics[0].counters().rcvd_rnr_err >= 1);
+}
+
+#[test]
+fn peer_gone_exactly_retry_cnt_plus_one_timeouts() {
+    // timeout 10 = 4.194304 ms.
+    let params = Params {
+        retry_cnt: 3,
+        timeout: 10,
+        ..Params::default()
+    };
+    let mut p = Pair::new(10, &params);
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    p.c.net.partition(a, b);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    let start = p.c.now;
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    let counters = p.c.nics[0].counters();
+    assert_eq!(counters.completer_retry_err, 4);
+    assert_eq!(counters.retry_exceeded_err, 1);
+    // Four timeouts of 4.194304 ms each, to the nanosecond.
+    assert_eq!(p.c.now - start, Duration::from_nanos((4096 << 10) * 4));
+}
+
+#[test]
+fn lossy_link_still_delivers_exactly_once() {
+    let params = Params {
+        link: LinkConfig {
+            loss: 0.1,
+            duplicate: 0.1,
+            corrupt: 0.05,
+            delay: Duration::from_micros(5),
+            jitter: Duration::from_micros(20),
+        },
+        ..Params::default()
+    };
+    let mut p = Pair::new(11, &params);
+    let data = pattern(64 * 1024, 5);
+    p.write_a(0, &data);
+    let rkey = p.b.mr.rkey;
+    for i in 0..8u64 {
+        p.post(
+            i,
+            SendOp::Write {
+                remote_addr: B_IOVA + i * 8192,
+                rkey,
+                imm: None,
+            },
+            p.sge_a(i * 8192, 8192),
+        );
+    }
+    p.post(
+        100,
+        SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey,
+        },
+        p.sge_a(100_000, 65536),
+    );
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(c.len(), 9);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(p.read(1, 0, 65536), data);
+    assert_eq!(p.read(0, 100_000, 65536), data);
+    let n1 = p.c.nics[1].counters();
+    assert!(
+        n1.icrc_errors + p.c.nics[0].counters().icrc_errors > 0,
+        "corruption was caught"
+    );
+    let writes = p.c.nics[1]
+        .executions()
+        .iter()
+        .filter(|e| matches!(e.kind, rnic_core::ExecKind::Write { .. }))
+        .count();
+    assert_eq!(writes, 8, "each WRITE executed exactly once");
+}
