@@ -13,6 +13,7 @@ use core::net::IpAddr;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::Duration;
 
+use rnic_wire::pcap::PcapWriter;
 use rnic_wire::IbPacket;
 
 use crate::rng::Rng;
@@ -164,7 +165,53 @@ pub struct Network {
     datagrams: HashMap<u64, Datagram>,
     seq: u64,
     trace: Option<Vec<TraceEvent>>,
+    capture: Option<PcapWriter<Vec<u8>>>,
     stats: NetStats,
+}
+
+/// The frame a datagram travels in on a wire: Ethernet, IPv4 or IPv6 as an
+/// unconnected `IP_PMTUDISC_DO` UDP socket sends it (IPv4 ID 0, DF, TTL 64),
+/// UDP to 4791 with checksum 0. Under that convention its ICRC verifies.
+pub fn frame_of(d: &Datagram) -> Vec<u8> {
+    let ip_len = if d.src.is_ipv4() { 20 } else { 40 };
+    let mut f = vec![0u8; 14 + ip_len + 8 + d.payload.len()];
+    let eth = rnic_wire::encap::ethernet::Repr {
+        dst: rnic_wire::encap::ethernet::MacAddr([2, 0, 0, 0, 0, mac_byte(d.dst)]),
+        src: rnic_wire::encap::ethernet::MacAddr([2, 0, 0, 0, 0, mac_byte(d.src)]),
+        vlan_tci: None,
+    };
+    let udp_len = 8 + d.payload.len();
+    let ip_ok = match (d.src, d.dst) {
+        (IpAddr::V4(s), IpAddr::V4(t)) => {
+            let _ = eth.emit(&mut f, rnic_wire::encap::ethernet::ETHERTYPE_IPV4);
+            rnic_wire::encap::ipv4::Repr::new(s, t)
+                .emit(&mut f[14..], udp_len)
+                .is_ok()
+        }
+        (IpAddr::V6(s), IpAddr::V6(t)) => {
+            let _ = eth.emit(&mut f, rnic_wire::encap::ethernet::ETHERTYPE_IPV6);
+            rnic_wire::encap::ipv6::Repr::new(s, t)
+                .emit(&mut f[14..], udp_len)
+                .is_ok()
+        }
+        _ => false,
+    };
+    if !ip_ok {
+        return Vec::new();
+    }
+    let u = 14 + ip_len;
+    f[u..u + 2].copy_from_slice(&d.src_port.to_be_bytes());
+    f[u + 2..u + 4].copy_from_slice(&rnic_wire::ROCE_V2_PORT.to_be_bytes());
+    f[u + 4..u + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+    f[u + 8..].copy_from_slice(&d.payload);
+    f
+}
+
+fn mac_byte(a: IpAddr) -> u8 {
+    match a {
+        IpAddr::V4(v) => v.octets()[3],
+        IpAddr::V6(v) => v.octets()[15],
+    }
 }
 
 impl Network {
@@ -180,8 +227,27 @@ impl Network {
             datagrams: HashMap::new(),
             seq: 0,
             trace: None,
+            capture: None,
             stats: NetStats::default(),
         }
+    }
+
+    /// Capture every datagram as it is sent (before loss, like a capture on
+    /// the sender's side), as whole frames; see [`Network::pcap`].
+    pub fn record_pcap(&mut self) {
+        if self.capture.is_none() {
+            // Writing to a Vec cannot fail.
+            self.capture = PcapWriter::new(Vec::new(), 1).ok();
+        }
+    }
+
+    /// The capture so far: a classic pcap file (Ethernet), which Wireshark and
+    /// `rnic dump` read.
+    pub fn pcap(&self) -> Vec<u8> {
+        self.capture
+            .as_ref()
+            .map(|w| w.get_ref().clone())
+            .unwrap_or_default()
     }
 
     /// Record every event from now on.
@@ -250,6 +316,9 @@ impl Network {
     /// Hand a datagram to the network at time `now`.
     pub fn send(&mut self, now: Time, d: Datagram) {
         self.stats.sent += 1;
+        if let Some(w) = &mut self.capture {
+            let _ = w.write_packet(now.as_nanos(), &frame_of(&d));
+        }
         self.log(now, Fate::Sent, &d);
         if self.partitions.contains(&(d.src, d.dst)) {
             self.stats.partitioned += 1;

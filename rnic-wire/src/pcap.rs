@@ -395,6 +395,11 @@ impl<W: Write> PcapWriter<W> {
         self.out.flush()
     }
 
+    /// The underlying writer, borrowed.
+    pub fn get_ref(&self) -> &W {
+        &self.out
+    }
+
     /// The underlying writer.
     pub fn into_inner(self) -> W {
         self.out
