@@ -67,6 +67,33 @@ impl Default for LinkConfig {
     }
 }
 
+/// A scripted loss: drop the next `times` datagrams from `src` that match the
+/// opcode and PSN given (any, where `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DropRule {
+    /// Sender to match.
+    pub src: Option<IpAddr>,
+    /// Opcode to match.
+    pub opcode: Option<rnic_wire::Opcode>,
+    /// PSN to match.
+    pub psn: Option<rnic_wire::Psn>,
+    /// How many matching datagrams to drop.
+    pub times: u32,
+}
+
+impl DropRule {
+    fn matches(&self, d: &Datagram) -> bool {
+        if self.times == 0 || self.src.is_some_and(|s| s != d.src) {
+            return false;
+        }
+        let Ok(p) = IbPacket::new_checked(&d.payload[..]) else {
+            return false;
+        };
+        self.opcode.is_none_or(|o| o == p.bth().opcode())
+            && self.psn.is_none_or(|q| q == p.bth().psn())
+    }
+}
+
 /// What happened to a datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fate {
@@ -166,6 +193,7 @@ pub struct Network {
     seq: u64,
     trace: Option<Vec<TraceEvent>>,
     capture: Option<PcapWriter<Vec<u8>>>,
+    rules: Vec<DropRule>,
     stats: NetStats,
 }
 
@@ -228,6 +256,7 @@ impl Network {
             seq: 0,
             trace: None,
             capture: None,
+            rules: Vec::new(),
             stats: NetStats::default(),
         }
     }
@@ -277,6 +306,11 @@ impl Network {
         self.partitions.insert((b, a));
     }
 
+    /// Add a scripted loss.
+    pub fn drop_rule(&mut self, rule: DropRule) {
+        self.rules.push(rule);
+    }
+
     /// Undo [`Network::partition`].
     pub fn heal(&mut self, a: IpAddr, b: IpAddr) {
         self.partitions.remove(&(a, b));
@@ -323,6 +357,12 @@ impl Network {
         if self.partitions.contains(&(d.src, d.dst)) {
             self.stats.partitioned += 1;
             self.log(now, Fate::Partitioned, &d);
+            return;
+        }
+        if let Some(rule) = self.rules.iter_mut().find(|r| r.matches(&d)) {
+            rule.times -= 1;
+            self.stats.lost += 1;
+            self.log(now, Fate::Lost, &d);
             return;
         }
         let cfg = *self

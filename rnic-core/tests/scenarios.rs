@@ -1,0 +1,403 @@
+//! The transport's named scenarios, each with a scripted loss or a crafted
+//! packet, checked on the wire (the simulator's capture) and in completions.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use core::net::IpAddr;
+use rnic_core::qp::QpState;
+use rnic_core::sim::{Datagram, DropRule};
+use rnic_core::wr::{SendOp, WcStatus};
+use rnic_core::ExecKind;
+use rnic_wire::aeth::{self, NakCode, Syndrome};
+use rnic_wire::pcap::PcapReader;
+use rnic_wire::{bth, icrc, Frame, IbRepr, LinkType, Opcode, Psn};
+
+/// A's first PSN: Pair starts it just below the 24-bit wrap.
+const A_PSN: u32 = 0xFF_FFF0;
+
+/// One captured packet, as far as these tests care.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    src: IpAddr,
+    opcode: Opcode,
+    psn: u32,
+    reth: Option<(u64, u32)>,
+    syndrome: Option<u8>,
+}
+
+fn wire(p: &Pair) -> Vec<Seen> {
+    let pcap = p.c.net.pcap();
+    PcapReader::new(&pcap)
+        .unwrap()
+        .map(|r| {
+            let f = Frame::parse(LinkType::Ethernet, r.unwrap().data).unwrap();
+            assert!(f.icrc_ok());
+            Seen {
+                src: f.ip.src_addr(),
+                opcode: f.ib.bth().opcode(),
+                psn: f.ib.bth().psn().value(),
+                reth: f.ib.reth().map(|r| (r.va(), r.dma_length())),
+                syndrome: f.ib.aeth().map(|a| a.syndrome()),
+            }
+        })
+        .collect()
+}
+
+/// A packet from `src` to `dst`'s QP, with a correct ICRC.
+fn craft(src: IpAddr, dst: IpAddr, ib: IbRepr, payload: &[u8]) -> Datagram {
+    let mut buf = vec![0u8; ib.buffer_len()];
+    ib.emit(&mut buf, payload).unwrap();
+    let n = buf.len();
+    let crc = icrc::for_udp(src, dst, 0xC000, &buf[..n - 4]).unwrap();
+    buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    Datagram {
+        src,
+        dst,
+        src_port: 0xC000,
+        payload: buf,
+    }
+}
+
+fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
+    let mut p = Pair::new(seed, params);
+    p.c.net.record_pcap();
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    (p, a, b)
+}
+
+fn psn(v: u32) -> Psn {
+    Psn::new(v)
+}
+
+#[test]
+fn implied_nak_sequence_error_then_partial_write_retry() {
+    let (mut p, a, b) = pair(31, &Params::default());
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    p.write_a(0, &data);
+    // A 5-packet WRITE; its third packet is lost once.
+    p.c.net.drop_rule(DropRule {
+        src: Some(a),
+        opcode: None,
+        psn: Some(psn(A_PSN).add(2)),
+        times: 1,
+    });
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 5000),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert_eq!(p.read(1, 0, 5000), data);
+    let w = wire(&p);
+    // B NAKs the gap once, with the PSN it expects.
+    let naks: Vec<_> = w
+        .iter()
+        .filter(|s| s.src == b && s.syndrome == Some(0x60))
+        .collect();
+    assert_eq!(naks.len(), 1);
+    assert_eq!(naks[0].psn, psn(A_PSN).add(2).value());
+    // A resends from the lost packet: a MIDDLE, not the whole message.
+    let from_a: Vec<_> = w.iter().filter(|s| s.src == a).collect();
+    assert_eq!(from_a.len(), 5 + 3);
+    assert_eq!(
+        (from_a[5].opcode, from_a[5].psn),
+        (Opcode::RC_RDMA_WRITE_MIDDLE, psn(A_PSN).add(2).value())
+    );
+    assert_eq!(p.c.nics[1].executions().len(), 1);
+}
+
+#[test]
+fn implied_nak_with_the_retry_limit_exceeded() {
+    let params = Params {
+        retry_cnt: 2,
+        ..Params::default()
+    };
+    let (mut p, a, _) = pair(32, &params);
+    p.c.net.drop_rule(DropRule {
+        src: Some(a),
+        opcode: None,
+        psn: Some(psn(A_PSN).add(1)),
+        times: u32::MAX,
+    });
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 3000),
+    );
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![WcStatus::RetryExcErr, WcStatus::WrFlushErr]
+    );
+    let n = p.c.nics[0].counters();
+    // The sequence NAK, then timeouts: retry_cnt + 1 attempts in all.
+    assert_eq!(n.rcvd_seq_err, 1);
+    assert_eq!(n.completer_retry_err, 3);
+}
+
+#[test]
+fn local_ack_timeout_then_duplicate_re_acked() {
+    let (mut p, _, b) = pair(33, &Params::default());
+    p.c.net.drop_rule(DropRule {
+        src: Some(b),
+        opcode: Some(Opcode::RC_ACKNOWLEDGE),
+        psn: None,
+        times: 1,
+    });
+    let rkey = p.b.mr.rkey;
+    let start = p.c.now;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 64),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    // Executed once; the retransmission was a duplicate, answered with an ACK.
+    assert_eq!(p.c.nics[1].executions().len(), 1);
+    assert_eq!(p.c.nics[1].counters().duplicate_request, 1);
+    // The ACK timeout (timeout 8 = 1.048576 ms) from the first send, then one
+    // round trip (2 x 5 us) for the retransmission and its ACK.
+    assert_eq!(p.c.now - start, Duration::from_nanos(1_048_576 + 10_000));
+}
+
+#[test]
+fn partial_read_retry_asks_only_for_what_is_missing() {
+    let (mut p, a, b) = pair(34, &Params::default());
+    let rkey = p.b.mr.rkey;
+    // Put known bytes at B with a WRITE first.
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 1) as u8).collect();
+    p.write_a(0, &data);
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 5000),
+    );
+    p.run();
+    let read_psn = psn(A_PSN).add(5);
+    p.c.net.drop_rule(DropRule {
+        src: Some(b),
+        opcode: None,
+        psn: Some(read_psn.add(2)),
+        times: 1,
+    });
+    p.post(
+        2,
+        SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey,
+        },
+        p.sge_a(20_000, 5000),
+    );
+    p.run();
+    assert!(p
+        .completions(0)
+        .iter()
+        .all(|c| c.status == WcStatus::Success));
+    assert_eq!(p.read(0, 20_000, 5000), data);
+    let reads: Vec<_> = wire(&p)
+        .into_iter()
+        .filter(|s| s.src == a && s.opcode == Opcode::RC_RDMA_READ_REQUEST)
+        .collect();
+    assert_eq!(reads.len(), 2);
+    assert_eq!(
+        (reads[0].psn, reads[0].reth),
+        (read_psn.value(), Some((B_IOVA, 5000)))
+    );
+    // The re-read starts at the first missing response: VA + 2 PMTU, length reduced.
+    assert_eq!(
+        (reads[1].psn, reads[1].reth),
+        (read_psn.add(2).value(), Some((B_IOVA + 2048, 5000 - 2048)))
+    );
+}
+
+#[test]
+fn ghost_ack_is_ignored() {
+    let (mut p, a, b) = pair(35, &Params::default());
+    let qpn_a = p.a.qpn;
+    let mut ib = IbRepr::new(bth::Repr::new(
+        Opcode::RC_ACKNOWLEDGE,
+        qpn_a,
+        psn(0x12_3456),
+    ));
+    ib.aeth = Some(aeth::Repr {
+        syndrome: Syndrome::ACK_NO_CREDITS,
+        msn: 9,
+    });
+    let now = p.c.now;
+    p.c.net.send(now, craft(b, a, ib, &[]));
+    p.run();
+    assert!(p.completions(0).is_empty());
+    assert_eq!(p.c.nics[0].counters().ghost_or_duplicate_response, 1);
+    // And the QP works on.
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn bad_response_fails_the_request() {
+    let (mut p, a, b) = pair(36, &Params::default());
+    // The WRITE never arrives; a READ response for its PSN does.
+    p.c.net.drop_rule(DropRule {
+        src: Some(a),
+        opcode: None,
+        psn: None,
+        times: u32::MAX,
+    });
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    let mut ib = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        p.a.qpn,
+        psn(A_PSN),
+    ));
+    ib.aeth = Some(aeth::Repr {
+        syndrome: Syndrome::ACK_NO_CREDITS,
+        msn: 1,
+    });
+    ib.payload_len = 8;
+    let now = p.c.now;
+    p.c.net.send(now, craft(b, a, ib, &[0; 8]));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::BadRespErr);
+    assert_eq!(
+        p.c.nics[0].query_qp(p.a.qpn).unwrap().qp_state,
+        QpState::Err
+    );
+}
+
+#[test]
+fn unexpected_opcode_is_an_invalid_request() {
+    let (mut p, a, b) = pair(37, &Params::default());
+    // A WRITE_MIDDLE with no WRITE_FIRST before it, at the expected PSN.
+    let mut ib = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_WRITE_MIDDLE,
+        p.b.qpn,
+        psn(A_PSN),
+    ));
+    ib.payload_len = 1024;
+    let now = p.c.now;
+    p.c.net.send(now, craft(a, b, ib, &[0xAB; 1024]));
+    p.run();
+    let naks: Vec<_> = wire(&p).into_iter().filter(|s| s.src == b).collect();
+    assert_eq!(naks.len(), 1);
+    assert_eq!(
+        naks[0].syndrome,
+        Some(Syndrome::Nak(NakCode::InvalidRequest).to_byte())
+    );
+    assert_eq!(
+        p.c.nics[1].query_qp(p.b.qpn).unwrap().qp_state,
+        QpState::Err
+    );
+    assert!(
+        p.read(1, 0, 1024).iter().all(|&x| x == 0),
+        "nothing written"
+    );
+}
+
+#[test]
+fn rkey_violation_on_the_wire() {
+    let (mut p, _, b) = pair(38, &Params::default());
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Read {
+            remote_addr: B_IOVA + REGION as u64,
+            rkey,
+        },
+        p.sge_a(0, 16),
+    );
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemAccessErr);
+    let from_b: Vec<_> = wire(&p).into_iter().filter(|s| s.src == b).collect();
+    assert_eq!(from_b.len(), 1);
+    assert_eq!(
+        (from_b[0].opcode, from_b[0].syndrome),
+        (Opcode::RC_ACKNOWLEDGE, Some(0x62))
+    );
+    assert!(!p.c.nics[1]
+        .executions()
+        .iter()
+        .any(|e| matches!(e.kind, ExecKind::Read { .. })));
+}
+
+#[test]
+fn psns_wrap_and_b_psns_are_its_own() {
+    let (mut p, a, b) = pair(39, &Params::default());
+    let rkey = p.b.mr.rkey;
+    for i in 0..20 {
+        p.post(
+            i,
+            SendOp::Write {
+                remote_addr: B_IOVA,
+                rkey,
+                imm: None,
+            },
+            p.sge_a(0, 8),
+        );
+    }
+    p.run();
+    assert!(p
+        .completions(0)
+        .iter()
+        .all(|c| c.status == WcStatus::Success));
+    let w = wire(&p);
+    let a_psns: Vec<u32> = w.iter().filter(|s| s.src == a).map(|s| s.psn).collect();
+    let expected: Vec<u32> = (0..20).map(|i| psn(A_PSN).add(i).value()).collect();
+    assert_eq!(a_psns, expected, "through 0xffffff and on from 0");
+    // B's requester is idle; B's ACKs carry A's PSNs.
+    assert!(w
+        .iter()
+        .filter(|s| s.src == b)
+        .all(|s| s.opcode == Opcode::RC_ACKNOWLEDGE));
+}
