@@ -6,7 +6,7 @@
 
 use core::fmt;
 use core::net::IpAddr;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use rnic_wire::{icrc, IbPacket, Psn};
 
@@ -134,12 +134,46 @@ impl From<MemError> for VerbError {
     }
 }
 
+/// The first QP number, as on a fresh rdma_rxe device.
+const FIRST_QPN: u32 = 0x11;
+
+/// Queue pairs by number: QPNs are handed out in order, so a vector indexed by
+/// `qpn - FIRST_QPN` finds one without hashing.
+#[derive(Default)]
+pub(crate) struct QpTable(Vec<Option<RcQp>>);
+
+impl QpTable {
+    fn index(qpn: u32) -> Option<usize> {
+        qpn.checked_sub(FIRST_QPN).map(|i| i as usize)
+    }
+    fn get(&self, qpn: u32) -> Option<&RcQp> {
+        self.0.get(Self::index(qpn)?)?.as_ref()
+    }
+    fn get_mut(&mut self, qpn: u32) -> Option<&mut RcQp> {
+        self.0.get_mut(Self::index(qpn)?)?.as_mut()
+    }
+    fn insert(&mut self, qp: RcQp) {
+        if let Some(i) = Self::index(qp.qpn) {
+            if self.0.len() <= i {
+                self.0.resize_with(i + 1, || None);
+            }
+            self.0[i] = Some(qp);
+        }
+    }
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut RcQp> {
+        self.0.iter_mut().flatten()
+    }
+    fn iter(&self) -> impl Iterator<Item = &RcQp> {
+        self.0.iter().flatten()
+    }
+}
+
 /// A software RoCE v2 NIC.
 pub struct Nic {
     addr: IpAddr,
     mem: Memory,
-    cqs: HashMap<CqHandle, Cq>,
-    qps: HashMap<u32, RcQp>,
+    cqs: Vec<Cq>,
+    qps: QpTable,
     next_cq: u32,
     next_qpn: u32,
     tx: VecDeque<Datagram>,
@@ -153,7 +187,7 @@ impl fmt::Debug for Nic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Nic")
             .field("addr", &self.addr)
-            .field("qps", &self.qps.len())
+            .field("qps", &self.qps.iter().count())
             .field("counters", &self.counters)
             .finish()
     }
@@ -166,11 +200,10 @@ impl Nic {
         Nic {
             addr,
             mem: Memory::new(seed),
-            cqs: HashMap::new(),
-            qps: HashMap::new(),
+            cqs: Vec::new(),
+            qps: QpTable::default(),
             next_cq: 0,
-            // A fresh rdma_rxe device numbers its first QP 0x11.
-            next_qpn: 0x11,
+            next_qpn: FIRST_QPN,
             tx: VecDeque::new(),
             counters: Counters::default(),
             limits: Limits::default(),
@@ -249,7 +282,7 @@ impl Nic {
     pub fn create_cq(&mut self, depth: usize) -> CqHandle {
         let h = CqHandle(self.next_cq);
         self.next_cq += 1;
-        self.cqs.insert(h, Cq::new(depth));
+        self.cqs.push(Cq::new(depth));
         h
     }
 
@@ -257,7 +290,7 @@ impl Nic {
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<Completion>, VerbError> {
         Ok(self
             .cqs
-            .get_mut(&cq)
+            .get_mut(cq.0 as usize)
             .ok_or(VerbError::NoSuchCq(cq))?
             .poll(max))
     }
@@ -275,21 +308,23 @@ impl Nic {
             return Err(VerbError::Unsupported("UC and UD queue pairs"));
         }
         for cq in [send_cq, recv_cq] {
-            if !self.cqs.contains_key(&cq) {
+            if self.cqs.get(cq.0 as usize).is_none() {
                 return Err(VerbError::NoSuchCq(cq));
             }
         }
         self.mem.pd_acquire(pd)?;
+        if self.next_qpn > 0xFF_FFFF {
+            return Err(VerbError::Unsupported("more than 2^24 queue pairs"));
+        }
         let qpn = self.next_qpn;
-        self.next_qpn = (self.next_qpn + 1) & 0xFF_FFFF;
-        self.qps
-            .insert(qpn, RcQp::new(qpn, pd, send_cq, recv_cq, caps));
+        self.next_qpn += 1;
+        self.qps.insert(RcQp::new(qpn, pd, send_cq, recv_cq, caps));
         Ok(qpn)
     }
 
     /// The QP's attributes.
     pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbError> {
-        Ok(self.qps.get(&qpn).ok_or(VerbError::NoSuchQp(qpn))?.attr)
+        Ok(self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?.attr)
     }
 
     /// `ibv_modify_qp`.
@@ -312,7 +347,7 @@ impl Nic {
             mechanisms,
             ..
         } = self;
-        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         let t =
             qp::modify(QpType::Rc, &mut qp.attr, attr, mask, limits).map_err(VerbError::Modify)?;
         let mut ctx = Ctx {
@@ -364,7 +399,7 @@ impl Nic {
             mechanisms,
             ..
         } = self;
-        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         if wr.sg_list.len() > qp.caps.max_send_sge as usize {
             return Err(VerbError::TooManySge {
                 given: wr.sg_list.len(),
@@ -441,7 +476,7 @@ impl Nic {
             mechanisms,
             ..
         } = self;
-        let qp = qps.get_mut(&qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
             return Err(VerbError::TooManySge {
                 given: wr.sg_list.len(),
@@ -499,7 +534,7 @@ impl Nic {
             mechanisms,
             ..
         } = self;
-        let Some(qp) = qps.get_mut(&qpn) else {
+        let Some(qp) = qps.get_mut(qpn) else {
             counters.unknown_qp += 1;
             return;
         };
@@ -550,14 +585,11 @@ impl Nic {
             exec_log,
             mechanisms: *mechanisms,
         };
-        let mut qpns: Vec<u32> = qps.keys().copied().collect();
-        qpns.sort_unstable(); // a deterministic order
-        for qpn in qpns {
-            if let Some(qp) = qps.get_mut(&qpn) {
-                if qp.deadline().is_some_and(|t| t <= now) {
-                    qp.comp_timeout(&mut ctx);
-                    qp.req_poll(&mut ctx);
-                }
+        // In QPN order: deterministic.
+        for qp in qps.iter_mut() {
+            if qp.deadline().is_some_and(|t| t <= now) {
+                qp.comp_timeout(&mut ctx);
+                qp.req_poll(&mut ctx);
             }
         }
     }
@@ -569,6 +601,6 @@ impl Nic {
 
     /// When [`Nic::handle_timeout`] must next be called.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.qps.values().filter_map(RcQp::deadline).min()
+        self.qps.iter().filter_map(RcQp::deadline).min()
     }
 }

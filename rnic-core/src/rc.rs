@@ -2,7 +2,7 @@
 //! (`comp`) and responder (`resp`) share, and what they share with the NIC.
 
 use core::net::IpAddr;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
 
@@ -19,7 +19,7 @@ pub(crate) struct Ctx<'a> {
     pub now: Time,
     pub addr: IpAddr,
     pub mem: &'a mut Memory,
-    pub cqs: &'a mut HashMap<CqHandle, Cq>,
+    pub cqs: &'a mut Vec<Cq>,
     pub tx: &'a mut VecDeque<Datagram>,
     pub counters: &'a mut Counters,
     pub exec_log: &'a mut Option<Vec<Execution>>,
@@ -28,7 +28,7 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
-        if let Some(cq) = self.cqs.get_mut(&cq) {
+        if let Some(cq) = self.cqs.get_mut(cq.0 as usize) {
             cq.push(c);
         }
     }
@@ -190,6 +190,8 @@ pub(crate) struct RcQp {
     pub in_msg: Option<InMsg>,
     pub seq_nak_sent: bool,
     pub rd_atomic: VecDeque<RdAtomic>,
+    /// Reused for the payload of each packet sent, to spare an allocation.
+    pub scratch: Vec<u8>,
 }
 
 impl RcQp {
@@ -218,6 +220,7 @@ impl RcQp {
             in_msg: None,
             seq_nak_sent: false,
             rd_atomic: VecDeque::new(),
+            scratch: Vec::new(),
         }
     }
 

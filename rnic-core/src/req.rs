@@ -81,13 +81,15 @@ impl RcQp {
         let offset = u64::from(k) * pmtu;
         let last = k + 1 == npkts;
         let mut ib;
-        let mut payload = Vec::new();
+        let mut payload = std::mem::take(&mut self.scratch);
+        payload.clear();
         match op {
             SendOp::Send { imm } | SendOp::Write { imm, .. } => {
                 let take = (len - offset).min(pmtu) as usize;
                 payload.resize(take, 0);
                 let pd = self.pd;
                 if gather(ctx.mem, pd, &self.sq[idx].wr.sg_list, offset, &mut payload).is_err() {
+                    self.scratch = payload;
                     self.fail_local(ctx, idx, WcStatus::LocProtErr);
                     return false;
                 }
@@ -167,6 +169,7 @@ impl RcQp {
             }
         }
         self.transmit(ctx, &ib, &payload);
+        self.scratch = payload;
         let end = if op.is_read_or_atomic() {
             first_psn.add(npkts)
         } else {

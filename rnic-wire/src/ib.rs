@@ -309,49 +309,60 @@ impl IbRepr {
         ))
     }
 
-    fn has(&self, h: ExtHeader) -> bool {
-        match h {
-            ExtHeader::XrcEth => self.xrceth.is_some(),
-            ExtHeader::Deth => self.deth.is_some(),
-            ExtHeader::Feth => self.feth.is_some(),
-            ExtHeader::Reth => self.reth.is_some(),
-            ExtHeader::AtomicEth => self.atomic_eth.is_some(),
-            ExtHeader::ImmDt => self.immdt.is_some(),
-            ExtHeader::Ieth => self.ieth.is_some(),
-            ExtHeader::Aeth => self.aeth.is_some(),
-            ExtHeader::AtomicAckEth => self.atomic_ack_eth.is_some(),
-            // The CNP's reserved bytes carry nothing: always "present" when the opcode asks.
-            ExtHeader::CnpPad => true,
+    /// One [`ExtHeader::bit`] per extension header present.
+    fn header_mask(&self) -> u16 {
+        let mut m = 0;
+        for (present, h) in [
+            (self.xrceth.is_some(), ExtHeader::XrcEth),
+            (self.deth.is_some(), ExtHeader::Deth),
+            (self.feth.is_some(), ExtHeader::Feth),
+            (self.reth.is_some(), ExtHeader::Reth),
+            (self.atomic_eth.is_some(), ExtHeader::AtomicEth),
+            (self.immdt.is_some(), ExtHeader::ImmDt),
+            (self.ieth.is_some(), ExtHeader::Ieth),
+            (self.aeth.is_some(), ExtHeader::Aeth),
+            (self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth),
+        ] {
+            if present {
+                m |= h.bit();
+            }
         }
+        m
     }
 
     /// Check that the headers present are exactly the opcode's and the payload fits.
     pub fn check(&self) -> Result<&'static OpcodeInfo> {
         let info = self.info()?;
-        const ALL: [ExtHeader; 9] = [
-            ExtHeader::XrcEth,
-            ExtHeader::Deth,
-            ExtHeader::Feth,
-            ExtHeader::Reth,
-            ExtHeader::AtomicEth,
-            ExtHeader::ImmDt,
-            ExtHeader::Ieth,
-            ExtHeader::Aeth,
-            ExtHeader::AtomicAckEth,
-        ];
-        for h in ALL {
-            if info.has(h) && !self.has(h) {
-                return Err(Error::truncated(h.layer(), h.wire_len(), 0));
-            }
-            if !info.has(h) && self.has(h) {
-                return Err(Error::new(
+        // The CNP's reserved bytes carry nothing: they are always "present".
+        let wanted = info.header_mask & !ExtHeader::CnpPad.bit();
+        let have = self.header_mask();
+        if have != wanted {
+            let diff = have ^ wanted;
+            let h = [
+                ExtHeader::XrcEth,
+                ExtHeader::Deth,
+                ExtHeader::Feth,
+                ExtHeader::Reth,
+                ExtHeader::AtomicEth,
+                ExtHeader::ImmDt,
+                ExtHeader::Ieth,
+                ExtHeader::Aeth,
+                ExtHeader::AtomicAckEth,
+            ]
+            .into_iter()
+            .find(|h| diff & h.bit() != 0)
+            .unwrap_or(ExtHeader::Aeth);
+            return Err(if wanted & h.bit() != 0 {
+                Error::truncated(h.layer(), h.wire_len(), 0)
+            } else {
+                Error::new(
                     h.layer(),
                     ErrorKind::Oversized {
                         max: 0,
                         actual: h.wire_len(),
                     },
-                ));
-            }
+                )
+            });
         }
         let max = if info.has_payload { MAX_PAYLOAD } else { 0 };
         if self.payload_len > max {

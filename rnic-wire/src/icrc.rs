@@ -25,6 +25,13 @@ const LRH_PLACEHOLDER: usize = 8;
 /// 8 bytes LRH placeholder + up to 60 bytes IPv4 header + UDP + BTH.
 const PSEUDO_MAX: usize = LRH_PLACEHOLDER + 60 + UDP_LEN + bth::HEADER_LEN;
 
+/// A fresh CRC-32 state. `Hasher::new` detects the CPU's features every time;
+/// cloning a prototype does not, which matters at millions of packets a second.
+fn hasher() -> crc32fast::Hasher {
+    static PROTOTYPE: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    PROTOTYPE.get_or_init(crc32fast::Hasher::new).clone()
+}
+
 /// Set the variant fields of an IP header to ones.
 fn mask_ip(ip: &mut [u8]) {
     match ip[0] >> 4 {
@@ -54,7 +61,7 @@ pub fn compute_parts(ip_header: &[u8], udp_header: &[u8], ib: &[u8]) -> Result<u
     check_parts(ip_header, udp_header, ib)?;
     let mut pseudo = [0u8; PSEUDO_MAX];
     let n = write_pseudo(&mut pseudo, ip_header, udp_header, &ib[..bth::HEADER_LEN]);
-    let mut h = crc32fast::Hasher::new();
+    let mut h = hasher();
     h.update(&pseudo[..n]);
     h.update(&ib[bth::HEADER_LEN..]);
     Ok(h.finalize())
@@ -98,7 +105,9 @@ pub fn compute_in_place(
     write_pseudo(&mut head[start..], ip_header, udp_header, &bth_copy);
     let saved = ib[bth::RESV8A_OFFSET];
     ib[bth::RESV8A_OFFSET] = 0xFF;
-    let crc = crc32fast::hash(&buf[start..end]);
+    let mut h = hasher();
+    h.update(&buf[start..end]);
+    let crc = h.finalize();
     buf[at + bth::RESV8A_OFFSET] = saved;
     Ok(crc)
 }
@@ -166,7 +175,22 @@ pub fn for_udp(src: IpAddr, dst: IpAddr, src_port: u16, ib: &[u8]) -> Result<u32
     let mut ip = [0u8; 40];
     let ip_len = match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            ipv4::Repr::new(s, d).emit(&mut ip, udp_len)?;
+            // Only what the ICRC covers: TOS, TTL and the checksum are masked.
+            let total = u16::try_from(ipv4::MIN_HEADER_LEN + udp_len).map_err(|_| {
+                Error::new(
+                    Layer::Ipv4,
+                    ErrorKind::Oversized {
+                        max: usize::from(u16::MAX),
+                        actual: ipv4::MIN_HEADER_LEN + udp_len,
+                    },
+                )
+            })?;
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&total.to_be_bytes());
+            ip[6] = 0x40; // DF, identification 0
+            ip[9] = ipv4::PROTO_UDP;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
             ipv4::MIN_HEADER_LEN
         }
         (IpAddr::V6(s), IpAddr::V6(d)) => {

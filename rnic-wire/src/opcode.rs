@@ -63,6 +63,11 @@ pub enum ExtHeader {
 }
 
 impl ExtHeader {
+    /// A bit for this header in [`OpcodeInfo::header_mask`].
+    pub const fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+
     /// Length in bytes.
     pub const fn wire_len(self) -> usize {
         match self {
@@ -165,6 +170,18 @@ pub struct OpcodeInfo {
     pub headers: &'static [ExtHeader],
     /// Whether a payload follows the headers.
     pub has_payload: bool,
+    /// One [`ExtHeader::bit`] per extension header present.
+    pub header_mask: u16,
+}
+
+const fn mask_of(headers: &[ExtHeader]) -> u16 {
+    let mut m = 0;
+    let mut i = 0;
+    while i < headers.len() {
+        m |= headers[i].bit();
+        i += 1;
+    }
+    m
 }
 
 impl OpcodeInfo {
@@ -192,8 +209,8 @@ impl OpcodeInfo {
     }
 
     /// Whether extension header `h` follows the BTH.
-    pub fn has(&self, h: ExtHeader) -> bool {
-        self.headers.contains(&h)
+    pub const fn has(&self, h: ExtHeader) -> bool {
+        self.header_mask & h.bit() != 0
     }
 
     /// True for packets a requester sends; false for responses (ACKs, READ
@@ -209,7 +226,7 @@ impl OpcodeInfo {
     }
 
     /// True when the packet carries immediate data.
-    pub fn has_immediate(&self) -> bool {
+    pub const fn has_immediate(&self) -> bool {
         self.has(ExtHeader::ImmDt)
     }
 }
@@ -230,6 +247,7 @@ macro_rules! table {
                 position: $pos,
                 headers: &[$($h),*],
                 has_payload: $pl,
+                header_mask: mask_of(&[$($h),*]),
             }, )* )*
         ];
     };
