@@ -181,6 +181,7 @@ pub struct Nic {
     limits: Limits,
     exec_log: Option<Vec<Execution>>,
     mechanisms: Mechanisms,
+    src_port: Option<u16>,
 }
 
 impl fmt::Debug for Nic {
@@ -209,7 +210,16 @@ impl Nic {
             limits: Limits::default(),
             exec_log: None,
             mechanisms: Mechanisms::default(),
+            src_port: None,
         }
+    }
+
+    /// The UDP source port packets leave from. `None` (the default): a port per
+    /// QP pair from their numbers, as rdma_rxe chooses it (flow entropy for
+    /// ECMP). A transport that sends every packet from one socket sets that
+    /// socket's port, because the ICRC covers the UDP source port.
+    pub fn set_udp_source_port(&mut self, port: Option<u16>) {
+        self.src_port = port;
     }
 
     /// Switch transport mechanisms on or off (see [`Mechanisms`]).
@@ -345,6 +355,7 @@ impl Nic {
             limits,
             addr,
             mechanisms,
+            src_port,
             ..
         } = self;
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -359,6 +370,7 @@ impl Nic {
             counters,
             exec_log,
             mechanisms: *mechanisms,
+            src_port: *src_port,
         };
         match (t.from, t.to) {
             (_, QpState::Reset) => {
@@ -397,6 +409,7 @@ impl Nic {
             exec_log,
             addr,
             mechanisms,
+            src_port,
             ..
         } = self;
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -425,6 +438,7 @@ impl Nic {
             counters,
             exec_log,
             mechanisms: *mechanisms,
+            src_port: *src_port,
         };
         match qp.state() {
             QpState::Rts | QpState::Sqd => {}
@@ -474,6 +488,7 @@ impl Nic {
             exec_log,
             addr,
             mechanisms,
+            src_port,
             ..
         } = self;
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -500,6 +515,7 @@ impl Nic {
                 counters,
                 exec_log,
                 mechanisms: *mechanisms,
+                src_port: *src_port,
             };
             qp.flush(&mut ctx);
         }
@@ -532,6 +548,7 @@ impl Nic {
             exec_log,
             addr,
             mechanisms,
+            src_port,
             ..
         } = self;
         let Some(qp) = qps.get_mut(qpn) else {
@@ -553,6 +570,7 @@ impl Nic {
             counters,
             exec_log,
             mechanisms: *mechanisms,
+            src_port: *src_port,
         };
         if pkt.info().is_request() {
             qp.resp_packet(&mut ctx, &pkt);
@@ -573,6 +591,7 @@ impl Nic {
             exec_log,
             addr,
             mechanisms,
+            src_port,
             ..
         } = self;
         let mut ctx = Ctx {
@@ -584,6 +603,7 @@ impl Nic {
             counters,
             exec_log,
             mechanisms: *mechanisms,
+            src_port: *src_port,
         };
         // In QPN order: deterministic.
         for qp in qps.iter_mut() {

@@ -24,6 +24,7 @@ pub(crate) struct Ctx<'a> {
     pub counters: &'a mut Counters,
     pub exec_log: &'a mut Option<Vec<Execution>>,
     pub mechanisms: crate::nic::Mechanisms,
+    pub src_port: Option<u16>,
 }
 
 impl Ctx<'_> {
@@ -242,7 +243,9 @@ impl RcQp {
             ctx.counters.send_err += 1;
             return;
         }
-        let src_port = rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num);
+        let src_port = ctx.src_port.unwrap_or_else(|| {
+            rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
+        });
         let n = buf.len();
         match icrc::for_udp(ctx.addr, av.dest, src_port, &buf[..n - 4]) {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),

@@ -185,6 +185,27 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
+impl WcOpcode {
+    /// The `ibv_wc_opcode` name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WcOpcode::Send => "IBV_WC_SEND",
+            WcOpcode::RdmaWrite => "IBV_WC_RDMA_WRITE",
+            WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
+            WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
+            WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
+            WcOpcode::Recv => "IBV_WC_RECV",
+            WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
+        }
+    }
+}
+
+impl fmt::Display for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A work completion (`ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {

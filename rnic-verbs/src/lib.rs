@@ -1,5 +1,488 @@
-//! The rnic driver: engine threads, UDP transport on port 4791, and a verbs-shaped
-//! Rust API.
+//! The rnic driver and its verbs-shaped Rust API.
 //!
-//! Not written yet: this crate holds only its place in the workspace. See the
-//! README for what is planned and what exists.
+//! A [`Device`] is a software RoCE v2 NIC on one local IP address: a UDP socket
+//! on port 4791 and an engine thread running `rnic-core`. Everything else
+//! follows verbs: protection domains, memory regions, completion queues, queue
+//! pairs, work requests.
+//!
+//! ```no_run
+//! use rnic_verbs::{Device, Access};
+//! let dev = Device::open_loopback()?;
+//! let pd = dev.alloc_pd()?;
+//! let mr = pd.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+//! # Ok::<(), rnic_verbs::Error>(())
+//! ```
+//!
+//! Memory safety: registered memory is owned jointly by the application's
+//! [`MemoryRegion`] and the engine, so it cannot be freed while the NIC may
+//! still write it; it is made of atomic bytes, so the application and the
+//! engine touching it at once is not a data race (see `memory`).
+
+#![forbid(unsafe_code)]
+
+mod engine;
+mod memory;
+
+use core::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+use rnic_core::cq::CqHandle;
+pub use rnic_core::mem::Access;
+use rnic_core::mem::PdHandle;
+pub use rnic_core::qp::Mtu;
+use rnic_core::qp::{AddressVector, AttrMask, QpAttr, QpState, QpType};
+pub use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+pub use rnic_core::{QpCaps, VerbError};
+
+pub use engine::TapEvent;
+
+/// Where a tap delivers the packets it sees.
+pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
+use engine::{Engine, EngineState};
+pub use memory::DmaBuf;
+
+/// What went wrong.
+#[derive(Debug)]
+pub enum Error {
+    /// The operating system refused (socket, thread).
+    Io(io::Error),
+    /// The NIC refused the verb.
+    Verb(VerbError),
+    /// No free loopback address with port 4791 available.
+    NoFreeAddress,
+    /// A wait ended without a completion.
+    Timeout,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Io(e) => write!(f, "{e}"),
+            Error::Verb(e) => write!(f, "{e}"),
+            Error::NoFreeAddress => {
+                f.write_str("no loopback address 127.0.0.1-127.0.0.254 has UDP port 4791 free")
+            }
+            Error::Timeout => f.write_str("timed out waiting for a completion"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        Error::Io(e)
+    }
+}
+
+impl From<VerbError> for Error {
+    fn from(e: VerbError) -> Error {
+        Error::Verb(e)
+    }
+}
+
+/// The result of a verb.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A software RoCE v2 NIC on one IP address.
+#[derive(Clone)]
+pub struct Device {
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("addr", &self.engine.addr)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Open a NIC on `addr` (IPv4 or IPv6): bind UDP port 4791 there and start
+    /// its engine thread.
+    pub fn open(addr: IpAddr) -> Result<Device> {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ u64::from(std::process::id()) << 32;
+        Ok(Device {
+            engine: Arc::new(Engine::start(addr, seed)?),
+        })
+    }
+
+    /// Open a NIC on the first loopback address whose port 4791 is free
+    /// (127.0.0.1, then 127.0.0.2, ...), or on the address in `RNIC_ADDR`.
+    pub fn open_loopback() -> Result<Device> {
+        if let Ok(a) = std::env::var("RNIC_ADDR") {
+            if let Ok(addr) = a.parse() {
+                return Device::open(addr);
+            }
+        }
+        for last in 1..=254u8 {
+            match Device::open(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))) {
+                Ok(d) => return Ok(d),
+                Err(Error::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::NoFreeAddress)
+    }
+
+    /// The NIC's IP address.
+    pub fn addr(&self) -> IpAddr {
+        self.engine.addr
+    }
+
+    /// The port's RoCE v2 GID: the IPv4-mapped IPv6 address, or the IPv6 address.
+    pub fn gid(&self) -> Ipv6Addr {
+        match self.engine.addr {
+            IpAddr::V4(a) => a.to_ipv6_mapped(),
+            IpAddr::V6(a) => a,
+        }
+    }
+
+    /// Receive every packet the NIC sends or receives from now on.
+    pub fn tap(&self) -> Result<TapReceiver> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.engine.call(move |st| st.tap = Some(tx))?;
+        Ok(rx)
+    }
+
+    /// The NIC's counters.
+    pub fn counters(&self) -> Result<rnic_core::Counters> {
+        Ok(self.engine.call(|st| st.nic.counters())?)
+    }
+
+    /// Allocate a protection domain.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let pd = self.engine.call(|st| st.nic.alloc_pd())?;
+        Ok(ProtectionDomain {
+            dev: self.clone(),
+            pd,
+        })
+    }
+
+    /// Create a completion queue of `depth` entries.
+    pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let cq = self.engine.call(move |st| {
+            let h = st.nic.create_cq(depth);
+            st.cqs.insert(h, tx);
+            h
+        })?;
+        Ok(CompletionQueue { cq, rx })
+    }
+
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut EngineState) -> R + Send + 'static,
+    ) -> Result<R> {
+        Ok(self.engine.call(f)?)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone)]
+pub struct ProtectionDomain {
+    dev: Device,
+    pd: PdHandle,
+}
+
+impl ProtectionDomain {
+    /// Allocate `len` zeroed bytes and register them with `access`.
+    pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        let buf = Arc::new(DmaBuf::zeroed(len));
+        let shared = memory::Shared(buf.clone());
+        let iova = buf.addr();
+        let pd = self.pd;
+        let keys = self
+            .dev
+            .call(move |st| st.nic.reg_mr(pd, iova, Box::new(shared), access))??;
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            buf,
+            lkey: keys.lkey,
+            rkey: keys.rkey,
+        })
+    }
+
+    /// Create a reliable connected queue pair.
+    pub fn create_rc_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+    ) -> Result<QueuePair> {
+        let (pd, s, r) = (self.pd, send_cq.cq, recv_cq.cq);
+        let qpn = self
+            .dev
+            .call(move |st| st.nic.create_qp(pd, QpType::Rc, s, r, caps))??;
+        Ok(QueuePair {
+            dev: self.dev.clone(),
+            qpn,
+            sq_psn: rand_psn(qpn),
+        })
+    }
+}
+
+fn rand_psn(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ qpn.wrapping_mul(0x9E37_79B9)) & 0xFF_FFFF
+}
+
+/// Registered memory. Dropping it deregisters it; the memory itself lives on
+/// until the NIC has let go of it too.
+pub struct MemoryRegion {
+    dev: Device,
+    buf: Arc<DmaBuf>,
+    lkey: u32,
+    rkey: u32,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    /// The address of the first byte (what a peer puts in a RETH).
+    pub fn addr(&self) -> u64 {
+        self.buf.addr()
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    /// A scatter/gather entry for `len` bytes at `offset`.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+    /// Copy `data` into the region at `offset`; false if it does not fit.
+    pub fn write(&self, offset: usize, data: &[u8]) -> bool {
+        self.buf.write(offset, data)
+    }
+    /// Copy out of the region from `offset`; false if out of bounds.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
+        self.buf.read(offset, out)
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let lkey = self.lkey;
+        let _ = self.dev.engine.submit(Box::new(move |st| {
+            let _ = st.nic.dereg_mr(lkey);
+        }));
+    }
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub struct CompletionQueue {
+    cq: CqHandle,
+    rx: Receiver<Completion>,
+}
+
+impl CompletionQueue {
+    /// Take the completions waiting (none is an empty vector).
+    pub fn poll(&self) -> Vec<Completion> {
+        self.rx.try_iter().collect()
+    }
+    /// Wait up to `timeout` for one completion.
+    pub fn wait(&self, timeout: Duration) -> Result<Completion> {
+        self.rx.recv_timeout(timeout).map_err(|_| Error::Timeout)
+    }
+}
+
+/// What a peer needs to connect to a queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The NIC's address (its GID).
+    pub addr: IpAddr,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First PSN the queue pair sends.
+    pub psn: u32,
+}
+
+/// How to connect.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent (4.096 us x 2^timeout).
+    pub timeout: u8,
+    /// Retries after a timeout or sequence error.
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (7 = forever).
+    pub rnr_retry: u8,
+    /// Remote access allowed to this QP.
+    pub access: Access,
+    /// Outstanding READs/atomics, each way.
+    pub max_rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> ConnectOptions {
+        ConnectOptions {
+            mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            max_rd_atomic: 16,
+        }
+    }
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct QueuePair {
+    dev: Device,
+    qpn: u32,
+    sq_psn: u32,
+}
+
+impl QueuePair {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// What the peer needs to connect to this QP.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            addr: self.dev.addr(),
+            qpn: self.qpn,
+            psn: self.sq_psn,
+        }
+    }
+
+    /// Take the QP through INIT, RTR and RTS to `remote`, as ibv_rc_pingpong does.
+    pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<()> {
+        let qpn = self.qpn;
+        let local_psn = self.sq_psn;
+        let remote = *remote;
+        let o = *o;
+        self.dev
+            .call(move |st| -> std::result::Result<(), VerbError> {
+                let now = st.now();
+                let mut a = QpAttr {
+                    qp_state: QpState::Init,
+                    qp_access_flags: o.access,
+                    ..QpAttr::default()
+                };
+                st.nic.modify_qp(
+                    now,
+                    qpn,
+                    &a,
+                    AttrMask::STATE
+                        | AttrMask::PKEY_INDEX
+                        | AttrMask::PORT
+                        | AttrMask::ACCESS_FLAGS,
+                )?;
+                a.qp_state = QpState::Rtr;
+                a.ah_attr = Some(AddressVector {
+                    dest: remote.addr,
+                    traffic_class: 0,
+                    hop_limit: 64,
+                    flow_label: 0,
+                });
+                a.path_mtu = o.mtu;
+                a.dest_qp_num = remote.qpn;
+                a.rq_psn = remote.psn;
+                a.max_dest_rd_atomic = o.max_rd_atomic;
+                a.min_rnr_timer = 12;
+                st.nic.modify_qp(
+                    now,
+                    qpn,
+                    &a,
+                    AttrMask::STATE
+                        | AttrMask::AV
+                        | AttrMask::PATH_MTU
+                        | AttrMask::DEST_QPN
+                        | AttrMask::RQ_PSN
+                        | AttrMask::MAX_DEST_RD_ATOMIC
+                        | AttrMask::MIN_RNR_TIMER,
+                )?;
+                a.qp_state = QpState::Rts;
+                a.sq_psn = local_psn;
+                a.timeout = o.timeout;
+                a.retry_cnt = o.retry_cnt;
+                a.rnr_retry = o.rnr_retry;
+                a.max_rd_atomic = o.max_rd_atomic;
+                st.nic.modify_qp(
+                    now,
+                    qpn,
+                    &a,
+                    AttrMask::STATE
+                        | AttrMask::TIMEOUT
+                        | AttrMask::RETRY_CNT
+                        | AttrMask::RNR_RETRY
+                        | AttrMask::SQ_PSN
+                        | AttrMask::MAX_QP_RD_ATOMIC,
+                )?;
+                Ok(())
+            })??;
+        Ok(())
+    }
+
+    /// Post a send work request.
+    pub fn post_send(&self, wr: SendWr) -> Result<()> {
+        let qpn = self.qpn;
+        self.dev.call(move |st| {
+            let now = st.now();
+            st.nic.post_send(now, qpn, wr)
+        })??;
+        Ok(())
+    }
+
+    /// Post a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let qpn = self.qpn;
+        self.dev.call(move |st| {
+            let now = st.now();
+            st.nic.post_recv(now, qpn, wr)
+        })??;
+        Ok(())
+    }
+
+    /// The QP's state.
+    pub fn state(&self) -> Result<QpState> {
+        let qpn = self.qpn;
+        Ok(self
+            .dev
+            .call(move |st| st.nic.query_qp(qpn).map(|a| a.qp_state))??)
+    }
+}

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod dump;
 
 #[derive(Parser)]
@@ -17,6 +18,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Two software NICs in this process, on loopback: one of each RDMA
+    /// operation, told step by step, with the packets on the wire.
+    Demo {
+        /// Also write the packets to this pcap file (or set RNIC_PCAP).
+        #[arg(long, env = "RNIC_PCAP")]
+        pcap: Option<PathBuf>,
+    },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
     Dump {
@@ -37,6 +45,14 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo { pcap } => match demo::run(pcap.as_deref()) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("rnic demo: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Dump {
             file,
             verbose,

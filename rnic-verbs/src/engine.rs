@@ -1,0 +1,226 @@
+//! The engine thread: it owns the `Nic` and the UDP socket on port 4791, runs
+//! every event through rnic-core, and hands completions to the application
+//! through lock-free queues.
+//!
+//! What the ICRC check covers on this path: a UDP socket cannot see the IP
+//! header, so the ICRC of a received packet is verified under the convention
+//! of `rnic_wire::icrc::for_udp`: IPv4 identification 0 and DF set (IPv6: no
+//! convention needed, every variant field is masked). rnic's own sockets send
+//! exactly that (`IP_PMTUDISC_DO` on an unconnected socket), so rnic-to-rnic
+//! traffic verifies end to end, the IPv4 identification included. A peer that
+//! puts its own IDs in IPv4 (rdma_rxe does) fails this check: talking to such
+//! a peer needs the frame transport, which reads the whole IP header.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use rnic_core::cq::CqHandle;
+use rnic_core::sim::Datagram;
+use rnic_core::time::Time;
+use rnic_core::wr::Completion;
+use rnic_core::Nic;
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
+
+/// A packet seen by the engine, for taps (the demo, captures).
+#[derive(Debug, Clone)]
+pub struct TapEvent {
+    /// Sent (true) or received.
+    pub sent: bool,
+    /// When, since the engine started.
+    pub at: Duration,
+    /// The datagram.
+    pub datagram: Datagram,
+}
+
+/// Work for the engine thread.
+pub(crate) type Job = Box<dyn FnOnce(&mut EngineState) + Send>;
+
+/// What the engine thread owns.
+pub(crate) struct EngineState {
+    pub nic: Nic,
+    pub start: Instant,
+    pub cqs: HashMap<CqHandle, Sender<Completion>>,
+    pub tap: Option<Sender<TapEvent>>,
+    pub stop: bool,
+}
+
+impl EngineState {
+    pub fn now(&self) -> Time {
+        Time(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+/// The application's handle on the engine thread.
+pub(crate) struct Engine {
+    jobs: Sender<Job>,
+    wake: OwnedFd,
+    thread: Option<JoinHandle<()>>,
+    pub addr: IpAddr,
+}
+
+/// The UDP port of RoCE v2.
+pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
+
+fn open_socket(addr: IpAddr) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddr::new(addr, ROCE_PORT))?;
+    socket.set_nonblocking(true)?;
+    if addr.is_ipv4() {
+        // DF on every datagram and IPv4 identification 0: the ICRC convention.
+        set_ip_mtu_discover(&socket, Ipv4PathMtuDiscovery::DO)?;
+    }
+    Ok(socket)
+}
+
+impl Engine {
+    /// Bind `addr`:4791 and start the engine thread.
+    pub fn start(addr: IpAddr, seed: u64) -> io::Result<Engine> {
+        let socket = open_socket(addr)?;
+        let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        let wake_engine = wake.try_clone()?;
+        let (jobs, job_rx) = crossbeam_channel::unbounded::<Job>();
+        let thread = std::thread::Builder::new()
+            .name(format!("rnic-engine-{addr}"))
+            .spawn(move || {
+                let mut nic = Nic::new(addr, seed);
+                // One socket sends everything, from port 4791.
+                nic.set_udp_source_port(Some(ROCE_PORT));
+                let state = EngineState {
+                    nic,
+                    start: Instant::now(),
+                    cqs: HashMap::new(),
+                    tap: None,
+                    stop: false,
+                };
+                run(state, socket, job_rx, wake_engine, addr);
+            })?;
+        Ok(Engine {
+            jobs,
+            wake,
+            thread: Some(thread),
+            addr,
+        })
+    }
+
+    /// Run `f` on the engine thread and wait for its result.
+    pub fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut EngineState) -> R + Send + 'static,
+    ) -> io::Result<R> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.submit(Box::new(move |st| {
+            let _ = tx.send(f(st));
+        }))?;
+        rx.recv()
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the engine thread has stopped"))
+    }
+
+    /// Queue `job` for the engine thread and wake it.
+    pub fn submit(&self, job: Job) -> io::Result<()> {
+        self.jobs.send(job).map_err(|_| {
+            io::Error::new(io::ErrorKind::BrokenPipe, "the engine thread has stopped")
+        })?;
+        // An eventfd write only fails when the counter would overflow, which
+        // already means "awake".
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+        Ok(())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.submit(Box::new(|st| st.stop = true));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedFd, addr: IpAddr) {
+    let mut buf = vec![0u8; 65536];
+    while !st.stop {
+        let mut busy = false;
+        while let Ok(job) = jobs.try_recv() {
+            job(&mut st);
+            busy = true;
+        }
+        // Receive everything waiting.
+        loop {
+            match socket.recv_from(&mut buf) {
+                Ok((n, from)) => {
+                    let d = Datagram {
+                        src: from.ip(),
+                        dst: addr,
+                        src_port: from.port(),
+                        payload: buf[..n].to_vec(),
+                    };
+                    let now = st.now();
+                    if let Some(tap) = &st.tap {
+                        let _ = tap.send(TapEvent {
+                            sent: false,
+                            at: now - Time::ZERO,
+                            datagram: d.clone(),
+                        });
+                    }
+                    st.nic.handle_datagram(now, &d);
+                    busy = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // ICMP errors from earlier sends (port unreachable) surface here.
+                Err(_) => break,
+            }
+        }
+        let now = st.now();
+        if st.nic.next_deadline().is_some_and(|d| d <= now) {
+            st.nic.handle_timeout(now);
+        }
+        while let Some(d) = st.nic.poll_transmit() {
+            if let Some(tap) = &st.tap {
+                let _ = tap.send(TapEvent {
+                    sent: true,
+                    at: now - Time::ZERO,
+                    datagram: d.clone(),
+                });
+            }
+            let _ = socket.send_to(&d.payload, SocketAddr::new(d.dst, ROCE_PORT));
+            busy = true;
+        }
+        // Completions to the application's queues.
+        let handles: Vec<CqHandle> = st.cqs.keys().copied().collect();
+        for h in handles {
+            if let Ok(done) = st.nic.poll_cq(h, usize::MAX) {
+                if let Some(tx) = st.cqs.get(&h) {
+                    for c in done {
+                        let _ = tx.send(c);
+                    }
+                }
+            }
+        }
+        if busy {
+            continue;
+        }
+        // Idle: sleep until a datagram, a job, or the next deadline.
+        let timeout = st
+            .nic
+            .next_deadline()
+            .map(|d| Duration::from_nanos(d.0.saturating_sub(st.now().0)))
+            .unwrap_or(Duration::from_millis(100))
+            .min(Duration::from_millis(100));
+        let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
+            tv_sec: 0,
+            tv_nsec: 100_000_000,
+        });
+        let mut fds = [
+            PollFd::new(&socket, PollFlags::IN),
+            PollFd::new(&wake, PollFlags::IN),
+        ];
+        let _ = poll(&mut fds, Some(&ts));
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(wake.as_fd(), &mut counter);
+    }
+}

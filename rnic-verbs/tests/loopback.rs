@@ -1,0 +1,192 @@
+//! Two NICs in one process, on loopback addresses, over real UDP sockets.
+
+use std::time::Duration;
+
+use rnic_verbs::*;
+
+struct Side {
+    _dev: Device,
+    _pd: ProtectionDomain,
+    mr: MemoryRegion,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn side() -> Side {
+    let dev = Device::open_loopback().expect("a loopback address");
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd
+        .register(
+            65536,
+            Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    let cq = dev.create_cq(256).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    Side {
+        _dev: dev,
+        _pd: pd,
+        mr,
+        cq,
+        qp,
+    }
+}
+
+fn pair() -> (Side, Side) {
+    let (a, b) = (side(), side());
+    let o = ConnectOptions::default();
+    a.qp.connect(&b.qp.endpoint(), &o).unwrap();
+    b.qp.connect(&a.qp.endpoint(), &o).unwrap();
+    (a, b)
+}
+
+fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+    SendWr {
+        wr_id,
+        op,
+        sg_list,
+        signaled: true,
+        solicited: false,
+        fence: false,
+    }
+}
+
+const T: Duration = Duration::from_secs(10);
+
+#[test]
+fn every_operation_over_udp() {
+    let (a, b) = pair();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    assert!(a.mr.write(0, &data));
+
+    // WRITE 10 kB (ten packets), then READ it back into another place.
+    let remote = b.mr.addr();
+    a.qp.post_send(wr(
+        1,
+        SendOp::Write {
+            remote_addr: remote,
+            rkey: b.mr.rkey(),
+            imm: None,
+        },
+        vec![a.mr.sge(0, 10_000)],
+    ))
+    .unwrap();
+    a.qp.post_send(wr(
+        2,
+        SendOp::Read {
+            remote_addr: remote,
+            rkey: b.mr.rkey(),
+        },
+        vec![a.mr.sge(20_000, 10_000)],
+    ))
+    .unwrap();
+    for id in [1, 2] {
+        let c = a.cq.wait(T).unwrap();
+        assert_eq!((c.wr_id, c.status), (id, WcStatus::Success));
+    }
+    let mut back = vec![0u8; 10_000];
+    assert!(a.mr.read(20_000, &mut back));
+    assert_eq!(back, data);
+    let mut at_b = vec![0u8; 10_000];
+    assert!(b.mr.read(0, &mut at_b));
+    assert_eq!(at_b, data);
+    // The target's CPU did nothing and saw nothing.
+    assert!(b.cq.poll().is_empty());
+
+    // SEND with immediate into a posted receive.
+    b.qp.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![b.mr.sge(40_000, 4096)],
+    })
+    .unwrap();
+    a.qp.post_send(wr(
+        3,
+        SendOp::Send { imm: Some(0x1234) },
+        vec![a.mr.sge(0, 3000)],
+    ))
+    .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
+    let r = b.cq.wait(T).unwrap();
+    assert_eq!(
+        (r.wr_id, r.opcode, r.byte_len, r.imm_data),
+        (9, WcOpcode::Recv, 3000, Some(0x1234))
+    );
+
+    // Atomics on B's first 8 bytes (they hold data[0..8] now).
+    let before = u64::from_ne_bytes(data[..8].try_into().unwrap());
+    a.qp.post_send(wr(
+        4,
+        SendOp::FetchAdd {
+            remote_addr: remote,
+            rkey: b.mr.rkey(),
+            add: 5,
+        },
+        vec![a.mr.sge(50_000, 8)],
+    ))
+    .unwrap();
+    a.qp.post_send(wr(
+        5,
+        SendOp::CompareSwap {
+            remote_addr: remote,
+            rkey: b.mr.rkey(),
+            compare: before + 5,
+            swap: 42,
+        },
+        vec![a.mr.sge(50_008, 8)],
+    ))
+    .unwrap();
+    for id in [4, 5] {
+        assert_eq!(a.cq.wait(T).unwrap().wr_id, id);
+    }
+    let mut v = [0u8; 8];
+    b.mr.read(0, &mut v);
+    assert_eq!(u64::from_ne_bytes(v), 42);
+    a.mr.read(50_000, &mut v);
+    assert_eq!(u64::from_ne_bytes(v), before);
+    a.mr.read(50_008, &mut v);
+    assert_eq!(u64::from_ne_bytes(v), before + 5);
+}
+
+#[test]
+fn bad_rkey_is_a_remote_access_error() {
+    let (a, b) = pair();
+    a.qp.post_send(wr(
+        1,
+        SendOp::Write {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey() ^ 0xFF,
+            imm: None,
+        },
+        vec![a.mr.sge(0, 8)],
+    ))
+    .unwrap();
+    a.qp.post_send(wr(
+        2,
+        SendOp::Write {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+            imm: None,
+        },
+        vec![a.mr.sge(0, 8)],
+    ))
+    .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::RemAccessErr);
+    assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn no_receive_posted_exhausts_rnr_retries() {
+    let (a, b) = (side(), side());
+    let o = ConnectOptions {
+        rnr_retry: 1,
+        ..ConnectOptions::default()
+    };
+    a.qp.connect(&b.qp.endpoint(), &o).unwrap();
+    b.qp.connect(&a.qp.endpoint(), &o).unwrap();
+    a.qp.post_send(wr(1, SendOp::Send { imm: None }, vec![a.mr.sge(0, 8)]))
+        .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::RnrRetryExcErr);
+}
