@@ -25,7 +25,13 @@ use rnic_core::time::Time;
 use rnic_core::wr::Completion;
 use rnic_core::Nic;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
-use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
+use rustix::net::sockopt::{
+    set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
+    set_socket_send_buffer_size, set_socket_send_buffer_size_force, Ipv4PathMtuDiscovery,
+};
+
+/// Socket buffer size asked for, each way.
+const SOCKET_BUFFER: usize = 4 << 20;
 
 /// A packet seen by the engine, for taps (the demo, captures).
 #[derive(Debug, Clone)]
@@ -73,6 +79,16 @@ fn open_socket(addr: IpAddr) -> io::Result<UdpSocket> {
     if addr.is_ipv4() {
         // DF on every datagram and IPv4 identification 0: the ICRC convention.
         set_ip_mtu_discover(&socket, Ipv4PathMtuDiscovery::DO)?;
+    }
+    // A requester may have 1024 packets in flight; the default receive buffer
+    // (about 200 KiB) drops a burst of them, and each tail loss costs a local
+    // ACK timeout. Ask for 4 MiB (beyond net.core.rmem_max only as root), and
+    // settle for what the kernel grants.
+    if set_socket_recv_buffer_size_force(&socket, SOCKET_BUFFER).is_err() {
+        let _ = set_socket_recv_buffer_size(&socket, SOCKET_BUFFER);
+    }
+    if set_socket_send_buffer_size_force(&socket, SOCKET_BUFFER).is_err() {
+        let _ = set_socket_send_buffer_size(&socket, SOCKET_BUFFER);
     }
     Ok(socket)
 }

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod perf;
 
 #[derive(Parser)]
 #[command(name = "rnic", version, about = "A RoCE v2 RDMA NIC made of software")]
@@ -24,6 +25,31 @@ enum Command {
         /// Also write the packets to this pcap file (or set RNIC_PCAP).
         #[arg(long, env = "RNIC_PCAP")]
         pcap: Option<PathBuf>,
+    },
+    /// Bandwidth or latency of RDMA operations between two rnic NICs on
+    /// loopback, next to a raw UDP baseline from the same run.
+    Perf {
+        /// write, read or send.
+        #[arg(value_enum)]
+        op: perf::Op,
+        /// Both sides in this process, on loopback (the only mode so far).
+        #[arg(long, default_value_t = true)]
+        loopback: bool,
+        /// Message size in bytes.
+        #[arg(short = 's', long, default_value_t = 65536)]
+        size: u32,
+        /// Number of messages.
+        #[arg(short = 'n', long, default_value_t = 2000)]
+        iterations: u64,
+        /// Messages outstanding at once.
+        #[arg(short = 't', long, default_value_t = 64)]
+        tx_depth: u32,
+        /// Measure latency, one message at a time.
+        #[arg(long)]
+        lat: bool,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
     },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
@@ -45,6 +71,35 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Perf {
+            op,
+            loopback: _,
+            size,
+            iterations,
+            tx_depth,
+            lat,
+            json,
+        } => {
+            let o = perf::Options {
+                op,
+                size,
+                iterations,
+                tx_depth,
+                latency: lat,
+                json,
+            };
+            match perf::run(&o) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("rnic perf: some operations failed");
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("rnic perf: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Demo { pcap } => match demo::run(pcap.as_deref()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
