@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant;
 
 use rnic_core::mem::Access;
-use rnic_core::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::time::Time;
 use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge};
 use rnic_core::{Nic, QpCaps};
@@ -58,54 +58,19 @@ fn setup() -> Setup {
         );
     }
     for i in 0..2 {
-        let nic = &mut nics[i];
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
+        let attr = QpAttr {
             qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ah_attr: Some(AddressVector {
+                dest: addrs[1 - i],
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            }),
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: qpn[1 - i],
             ..QpAttr::default()
         };
-        nic.modify_qp(
-            Time::ZERO,
-            qpn[i],
-            &a,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
-        a.qp_state = QpState::Rtr;
-        a.ah_attr = Some(AddressVector {
-            dest: addrs[1 - i],
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-        });
-        a.path_mtu = Mtu::Mtu4096;
-        a.dest_qp_num = qpn[1 - i];
-        nic.modify_qp(
-            Time::ZERO,
-            qpn[i],
-            &a,
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        a.qp_state = QpState::Rts;
-        nic.modify_qp(
-            Time::ZERO,
-            qpn[i],
-            &a,
-            AttrMask::STATE
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::SQ_PSN
-                | AttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+        nics[i].connect_rc(Time::ZERO, qpn[i], &attr).unwrap();
     }
     Setup {
         nics,

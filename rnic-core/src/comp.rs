@@ -8,7 +8,7 @@ use rnic_wire::{IbPacket, Operation, Psn};
 use crate::qp::QpState;
 use crate::rc::{scatter, Ctx, RcQp};
 use crate::time::Time;
-use crate::wr::{Completion, SendOp, WcStatus};
+use crate::wr::{SendOp, WcStatus};
 
 impl RcQp {
     /// A response packet (ACK, READ response, atomic ACK) arrived.
@@ -50,11 +50,7 @@ impl RcQp {
                 let Some(ack) = pkt.atomic_ack_eth() else {
                     return;
                 };
-                let Some(i) = self
-                    .sq
-                    .iter()
-                    .position(|w| w.status.is_none() && w.covers(psn))
-                else {
+                let Some(i) = self.pending_wqe(psn) else {
                     return;
                 };
                 if !self.sq[i].wr.op.is_atomic() {
@@ -65,11 +61,7 @@ impl RcQp {
                     return;
                 }
                 // Acknowledging what came before may have retired requests.
-                let Some(i) = self
-                    .sq
-                    .iter()
-                    .position(|w| w.status.is_none() && w.covers(psn))
-                else {
+                let Some(i) = self.pending_wqe(psn) else {
                     return;
                 };
                 let orig = ack.orig_rem_dt().to_ne_bytes();
@@ -152,24 +144,10 @@ impl RcQp {
     pub(crate) fn complete_front(&mut self, ctx: &mut Ctx<'_>) {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.status else { break };
-            let w = self.sq.pop_front().expect("front exists");
+            let Some(w) = self.sq.pop_front() else { break };
             self.next_wqe = self.next_wqe.saturating_sub(1);
             if status != WcStatus::Success || w.wr.signaled {
-                ctx.complete(
-                    self.send_cq,
-                    Completion {
-                        wr_id: w.wr.wr_id,
-                        status,
-                        opcode: w.wr.op.wc_opcode(),
-                        byte_len: if matches!(w.wr.op, SendOp::Read { .. }) {
-                            w.len as u32
-                        } else {
-                            0
-                        },
-                        imm_data: None,
-                        qp_num: self.qpn,
-                    },
-                );
+                ctx.complete(self.send_cq, self.send_completion(&w, status));
             }
         }
     }
@@ -215,14 +193,12 @@ impl RcQp {
 
     /// The request holding `psn` fails with `status`; the QP enters the error state.
     fn fail_at(&mut self, ctx: &mut Ctx<'_>, psn: Psn, status: WcStatus) {
-        if let Some(w) = self
-            .sq
-            .iter_mut()
-            .find(|w| w.status.is_none() && w.covers(psn))
-        {
-            w.status = Some(status);
-        } else if let Some(w) = self.sq.iter_mut().find(|w| w.status.is_none()) {
-            w.status = Some(status);
+        // The request holding the PSN, or else the oldest unfinished one.
+        let i = self
+            .pending_wqe(psn)
+            .or_else(|| self.sq.iter().position(|w| w.status.is_none()));
+        if let Some(i) = i {
+            self.sq[i].status = Some(status);
         }
         self.complete_front(ctx);
         self.enter_error(ctx);
@@ -242,11 +218,7 @@ impl RcQp {
     }
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
-        let Some(i) = self
-            .sq
-            .iter()
-            .position(|w| w.status.is_none() && w.covers(psn))
-        else {
+        let Some(i) = self.pending_wqe(psn) else {
             return;
         };
         if !matches!(self.sq[i].wr.op, SendOp::Read { .. }) {
@@ -268,11 +240,7 @@ impl RcQp {
             return;
         }
         // Acknowledging what came before may have retired requests.
-        let Some(i) = self
-            .sq
-            .iter()
-            .position(|w| w.status.is_none() && w.covers(psn))
-        else {
+        let Some(i) = self.pending_wqe(psn) else {
             return;
         };
         let pmtu = self.pmtu();

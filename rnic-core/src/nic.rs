@@ -222,6 +222,67 @@ impl Nic {
         self.src_port = port;
     }
 
+    /// The QPs, and what a QP needs from the rest of the NIC to handle an event.
+    fn parts(&mut self, now: Time) -> (&mut QpTable, Ctx<'_>) {
+        let Nic {
+            qps,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            addr,
+            mechanisms,
+            src_port,
+            ..
+        } = self;
+        let ctx = Ctx {
+            now,
+            addr: *addr,
+            mem,
+            cqs,
+            tx,
+            counters,
+            exec_log,
+            mechanisms: *mechanisms,
+            src_port: *src_port,
+        };
+        (qps, ctx)
+    }
+
+    /// Take an RC QP from RESET to RTS with the three `ibv_modify_qp` calls of
+    /// `ibv_rc_pingpong`, taking the values from `attr`: INIT (P_Key index,
+    /// port, access flags), RTR (address vector, path MTU, destination QP,
+    /// receive PSN, max_dest_rd_atomic, min_rnr_timer), RTS (timeout,
+    /// retry_cnt, rnr_retry, send PSN, max_rd_atomic).
+    pub fn connect_rc(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<(), VerbError> {
+        use AttrMask as M;
+        let steps = [
+            (QpState::Init, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            (
+                QpState::Rtr,
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+            ),
+            (
+                QpState::Rts,
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+            ),
+        ];
+        for (state, mask) in steps {
+            let a = QpAttr {
+                qp_state: state,
+                ..*attr
+            };
+            self.modify_qp(now, qpn, &a, M::STATE | mask)?;
+        }
+        Ok(())
+    }
+
     /// Switch transport mechanisms on or off (see [`Mechanisms`]).
     pub fn set_mechanisms(&mut self, m: Mechanisms) {
         self.mechanisms = m;
@@ -345,33 +406,11 @@ impl Nic {
         attr: &QpAttr,
         mask: AttrMask,
     ) -> Result<(), VerbError> {
-        let Nic {
-            qps,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            limits,
-            addr,
-            mechanisms,
-            src_port,
-            ..
-        } = self;
+        let limits = self.limits;
+        let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         let t =
-            qp::modify(QpType::Rc, &mut qp.attr, attr, mask, limits).map_err(VerbError::Modify)?;
-        let mut ctx = Ctx {
-            now,
-            addr: *addr,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            mechanisms: *mechanisms,
-            src_port: *src_port,
-        };
+            qp::modify(QpType::Rc, &mut qp.attr, attr, mask, &limits).map_err(VerbError::Modify)?;
         match (t.from, t.to) {
             (_, QpState::Reset) => {
                 qp.flush(&mut ctx);
@@ -400,18 +439,7 @@ impl Nic {
     /// `ibv_post_send`. In the error state the request completes at once with
     /// WR_FLUSH_ERR, as verbs specifies.
     pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
-        let Nic {
-            qps,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            addr,
-            mechanisms,
-            src_port,
-            ..
-        } = self;
+        let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         if wr.sg_list.len() > qp.caps.max_send_sge as usize {
             return Err(VerbError::TooManySge {
@@ -429,17 +457,6 @@ impl Nic {
         if len > 1 << 31 {
             return Err(VerbError::MessageTooLong(len));
         }
-        let mut ctx = Ctx {
-            now,
-            addr: *addr,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            mechanisms: *mechanisms,
-            src_port: *src_port,
-        };
         match qp.state() {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
@@ -479,18 +496,7 @@ impl Nic {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
-        let Nic {
-            qps,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            addr,
-            mechanisms,
-            src_port,
-            ..
-        } = self;
+        let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
             return Err(VerbError::TooManySge {
@@ -506,17 +512,6 @@ impl Nic {
         }
         qp.rq.push_back(wr);
         if qp.state() == QpState::Err {
-            let mut ctx = Ctx {
-                now,
-                addr: *addr,
-                mem,
-                cqs,
-                tx,
-                counters,
-                exec_log,
-                mechanisms: *mechanisms,
-                src_port: *src_port,
-            };
             qp.flush(&mut ctx);
         }
         Ok(())
@@ -539,39 +534,17 @@ impl Nic {
             }
         }
         let qpn = pkt.bth().dest_qp();
-        let Nic {
-            qps,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            addr,
-            mechanisms,
-            src_port,
-            ..
-        } = self;
+        let (qps, mut ctx) = self.parts(now);
         let Some(qp) = qps.get_mut(qpn) else {
-            counters.unknown_qp += 1;
+            ctx.counters.unknown_qp += 1;
             return;
         };
         // A connected QP takes packets from its peer only.
         if qp.attr.ah_attr.map(|a| a.dest) != Some(d.src) {
-            counters.unknown_qp += 1;
+            ctx.counters.unknown_qp += 1;
             return;
         }
-        counters.rcvd_pkts += 1;
-        let mut ctx = Ctx {
-            now,
-            addr: *addr,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            mechanisms: *mechanisms,
-            src_port: *src_port,
-        };
+        ctx.counters.rcvd_pkts += 1;
         if pkt.info().is_request() {
             qp.resp_packet(&mut ctx, &pkt);
         } else {
@@ -582,29 +555,7 @@ impl Nic {
 
     /// The time is `now`: run expired timers.
     pub fn handle_timeout(&mut self, now: Time) {
-        let Nic {
-            qps,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            addr,
-            mechanisms,
-            src_port,
-            ..
-        } = self;
-        let mut ctx = Ctx {
-            now,
-            addr: *addr,
-            mem,
-            cqs,
-            tx,
-            counters,
-            exec_log,
-            mechanisms: *mechanisms,
-            src_port: *src_port,
-        };
+        let (qps, mut ctx) = self.parts(now);
         // In QPN order: deterministic.
         for qp in qps.iter_mut() {
             if qp.deadline().is_some_and(|t| t <= now) {

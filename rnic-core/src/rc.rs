@@ -12,7 +12,7 @@ use crate::nic::Counters;
 use crate::qp::{QpAttr, QpState};
 use crate::sim::Datagram;
 use crate::time::Time;
-use crate::wr::{Completion, RecvWr, SendWr, Sge, WcOpcode, WcStatus};
+use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
 /// What a QP needs from the NIC while it handles an event.
 pub(crate) struct Ctx<'a> {
@@ -225,6 +225,29 @@ impl RcQp {
         }
     }
 
+    /// The index in `sq` of the unfinished request that holds `psn`.
+    pub fn pending_wqe(&self, psn: Psn) -> Option<usize> {
+        self.sq
+            .iter()
+            .position(|w| w.status.is_none() && w.covers(psn))
+    }
+
+    /// The send completion for `w` with `status`.
+    pub fn send_completion(&self, w: &SendWqe, status: WcStatus) -> Completion {
+        Completion {
+            wr_id: w.wr.wr_id,
+            status,
+            opcode: w.wr.op.wc_opcode(),
+            byte_len: if matches!(w.wr.op, SendOp::Read { .. }) {
+                w.len as u32
+            } else {
+                0
+            },
+            imm_data: None,
+            qp_num: self.qpn,
+        }
+    }
+
     pub fn state(&self) -> QpState {
         self.attr.qp_state
     }
@@ -296,20 +319,10 @@ impl RcQp {
     pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.ack_deadline = None;
         self.rnr_until = None;
-        for w in self.sq.drain(..) {
+        for w in std::mem::take(&mut self.sq) {
             let status = w.status.unwrap_or(WcStatus::WrFlushErr);
             if status != WcStatus::Success || w.wr.signaled {
-                ctx.complete(
-                    self.send_cq,
-                    Completion {
-                        wr_id: w.wr.wr_id,
-                        status,
-                        opcode: w.wr.op.wc_opcode(),
-                        byte_len: 0,
-                        imm_data: None,
-                        qp_num: self.qpn,
-                    },
-                );
+                ctx.complete(self.send_cq, self.send_completion(&w, status));
             }
         }
         self.next_wqe = 0;

@@ -198,11 +198,7 @@ impl RcQp {
 
     /// Go back to `psn`: resend from the request that holds it (go-back-N).
     pub(crate) fn go_back(&mut self, psn: Psn) {
-        if let Some(i) = self
-            .sq
-            .iter()
-            .position(|w| w.status.is_none() && w.covers(psn))
-        {
+        if let Some(i) = self.pending_wqe(psn) {
             let w = &self.sq[i];
             self.next_wqe = i;
             self.next_pkt = if w.wr.op.is_read_or_atomic() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rnic_core::cq::CqHandle;
 use rnic_core::mem::{Access, MrKeys, PdHandle};
-use rnic_core::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
 use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge};
@@ -82,62 +82,27 @@ fn connect(
 ) {
     let dest = c.nics[1 - i].addr();
     let now = c.now;
-    let nic = &mut c.nics[i];
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
+    let attr = QpAttr {
         qp_access_flags: qp_access,
+        ah_attr: Some(AddressVector {
+            dest,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        }),
+        path_mtu: p.mtu,
+        dest_qp_num: peer.qpn,
+        rq_psn,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: p.min_rnr_timer,
+        sq_psn,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry: p.rnr_retry,
+        max_rd_atomic: 16,
         ..QpAttr::default()
     };
-    nic.modify_qp(
-        now,
-        me.qpn,
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.ah_attr = Some(AddressVector {
-        dest,
-        traffic_class: 0,
-        hop_limit: 64,
-        flow_label: 0,
-    });
-    a.path_mtu = p.mtu;
-    a.dest_qp_num = peer.qpn;
-    a.rq_psn = rq_psn;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = p.min_rnr_timer;
-    nic.modify_qp(
-        now,
-        me.qpn,
-        &a,
-        AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = sq_psn;
-    a.timeout = p.timeout;
-    a.retry_cnt = p.retry_cnt;
-    a.rnr_retry = p.rnr_retry;
-    a.max_rd_atomic = 16;
-    nic.modify_qp(
-        now,
-        me.qpn,
-        &a,
-        AttrMask::STATE
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    c.nics[i].connect_rc(now, me.qpn, &attr).unwrap();
 }
 
 impl Pair {

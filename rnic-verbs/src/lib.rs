@@ -34,7 +34,7 @@ use rnic_core::cq::CqHandle;
 pub use rnic_core::mem::Access;
 use rnic_core::mem::PdHandle;
 pub use rnic_core::qp::Mtu;
-use rnic_core::qp::{AddressVector, AttrMask, QpAttr, QpState, QpType};
+use rnic_core::qp::{AddressVector, QpAttr, QpState, QpType};
 pub use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 pub use rnic_core::{QpCaps, VerbError};
 
@@ -392,69 +392,30 @@ impl QueuePair {
     /// Take the QP through INIT, RTR and RTS to `remote`, as ibv_rc_pingpong does.
     pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<()> {
         let qpn = self.qpn;
-        let local_psn = self.sq_psn;
-        let remote = *remote;
-        let o = *o;
-        self.dev
-            .call(move |st| -> std::result::Result<(), VerbError> {
-                let now = st.now();
-                let mut a = QpAttr {
-                    qp_state: QpState::Init,
-                    qp_access_flags: o.access,
-                    ..QpAttr::default()
-                };
-                st.nic.modify_qp(
-                    now,
-                    qpn,
-                    &a,
-                    AttrMask::STATE
-                        | AttrMask::PKEY_INDEX
-                        | AttrMask::PORT
-                        | AttrMask::ACCESS_FLAGS,
-                )?;
-                a.qp_state = QpState::Rtr;
-                a.ah_attr = Some(AddressVector {
-                    dest: remote.addr,
-                    traffic_class: 0,
-                    hop_limit: 64,
-                    flow_label: 0,
-                });
-                a.path_mtu = o.mtu;
-                a.dest_qp_num = remote.qpn;
-                a.rq_psn = remote.psn;
-                a.max_dest_rd_atomic = o.max_rd_atomic;
-                a.min_rnr_timer = 12;
-                st.nic.modify_qp(
-                    now,
-                    qpn,
-                    &a,
-                    AttrMask::STATE
-                        | AttrMask::AV
-                        | AttrMask::PATH_MTU
-                        | AttrMask::DEST_QPN
-                        | AttrMask::RQ_PSN
-                        | AttrMask::MAX_DEST_RD_ATOMIC
-                        | AttrMask::MIN_RNR_TIMER,
-                )?;
-                a.qp_state = QpState::Rts;
-                a.sq_psn = local_psn;
-                a.timeout = o.timeout;
-                a.retry_cnt = o.retry_cnt;
-                a.rnr_retry = o.rnr_retry;
-                a.max_rd_atomic = o.max_rd_atomic;
-                st.nic.modify_qp(
-                    now,
-                    qpn,
-                    &a,
-                    AttrMask::STATE
-                        | AttrMask::TIMEOUT
-                        | AttrMask::RETRY_CNT
-                        | AttrMask::RNR_RETRY
-                        | AttrMask::SQ_PSN
-                        | AttrMask::MAX_QP_RD_ATOMIC,
-                )?;
-                Ok(())
-            })??;
+        let attr = QpAttr {
+            qp_access_flags: o.access,
+            ah_attr: Some(AddressVector {
+                dest: remote.addr,
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            }),
+            path_mtu: o.mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: o.max_rd_atomic,
+            min_rnr_timer: 12,
+            sq_psn: self.sq_psn,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            max_rd_atomic: o.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        self.dev.call(move |st| {
+            let now = st.now();
+            st.nic.connect_rc(now, qpn, &attr)
+        })??;
         Ok(())
     }
 
