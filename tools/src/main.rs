@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod dump;
 mod perf;
+mod pingpong;
 
 #[derive(Parser)]
 #[command(name = "rnic", version, about = "A RoCE v2 RDMA NIC made of software")]
@@ -50,6 +51,25 @@ enum Command {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+    },
+    /// Like ibv_rc_pingpong: with no SERVER, wait for a client; with one,
+    /// connect to it. The two exchange endpoints over TCP in ibv_rc_pingpong's
+    /// format, then bounce SENDs.
+    Pingpong {
+        /// The server to connect to.
+        server: Option<String>,
+        /// TCP port of the endpoint exchange.
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        /// Message size.
+        #[arg(short = 's', long, default_value_t = 4096)]
+        size: u32,
+        /// Round trips.
+        #[arg(short = 'n', long, default_value_t = 1000)]
+        iters: u64,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096.
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: u32,
     },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
@@ -97,6 +117,36 @@ fn main() -> ExitCode {
                 Err(e) => {
                     eprintln!("rnic perf: {e}");
                     ExitCode::from(2)
+                }
+            }
+        }
+        Command::Pingpong {
+            server,
+            port,
+            size,
+            iters,
+            mtu,
+        } => {
+            let Some(mtu) = [256, 512, 1024, 2048, 4096]
+                .iter()
+                .position(|&m| m == mtu)
+                .and_then(|i| rnic_verbs::Mtu::from_ibv(i as u32 + 1))
+            else {
+                eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
+                return ExitCode::from(2);
+            };
+            let o = pingpong::Options {
+                server,
+                port,
+                size,
+                iters,
+                mtu,
+            };
+            match pingpong::run(&o) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rnic pingpong: {e}");
+                    ExitCode::from(1)
                 }
             }
         }
