@@ -22,5 +22,5 @@ pub mod sim;
 pub mod time;
 pub mod wr;
 
-pub use nic::{Counters, Mechanisms, Nic, VerbError};
+pub use nic::{Counters, DeviceAttr, Mechanisms, Nic, VerbError, DEVICE_ATTR};
 pub use rc::{ExecKind, Execution, QpCaps};

@@ -105,6 +105,8 @@ pub enum VerbError {
     BadState(QpState),
     /// A message longer than 2^31 bytes.
     MessageTooLong(u64),
+    /// Queue capacities beyond the device's (see [`DEVICE_ATTR`]).
+    CapsTooLarge,
 }
 
 impl fmt::Display for VerbError {
@@ -122,6 +124,11 @@ impl fmt::Display for VerbError {
             VerbError::BadAtomicSge => f.write_str("an atomic needs one 8-byte local SGE"),
             VerbError::BadState(s) => write!(f, "not allowed in state {s}"),
             VerbError::MessageTooLong(n) => write!(f, "message of {n} bytes exceeds 2^31"),
+            VerbError::CapsTooLarge => write!(
+                f,
+                "queue capacities exceed the device's ({} work requests, {} SGEs, {} CQEs)",
+                DEVICE_ATTR.max_qp_wr, DEVICE_ATTR.max_sge, DEVICE_ATTR.max_cqe
+            ),
         }
     }
 }
@@ -133,6 +140,37 @@ impl From<MemError> for VerbError {
         VerbError::Mem(e)
     }
 }
+
+/// What the NIC supports (`ibv_device_attr`), enforced where QPs and CQs are
+/// created and modified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Queue pairs (24-bit QPNs from 0x11).
+    pub max_qp: u32,
+    /// Work requests per queue.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Entries per completion queue.
+    pub max_cqe: u32,
+    /// Outstanding READs/atomics per QP as responder.
+    pub max_qp_rd_atom: u8,
+    /// Outstanding READs/atomics per QP as requester.
+    pub max_qp_init_rd_atom: u8,
+    /// The largest message.
+    pub max_msg_sz: u32,
+}
+
+/// rnic's device attributes.
+pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
+    max_qp: 0x00FF_FFFF - 0x11 + 1,
+    max_qp_wr: 32_768,
+    max_sge: 32,
+    max_cqe: 1 << 20,
+    max_qp_rd_atom: 128,
+    max_qp_init_rd_atom: 128,
+    max_msg_sz: 1 << 31,
+};
 
 /// The first QP number, as on a fresh rdma_rxe device.
 const FIRST_QPN: u32 = 0x11;
@@ -207,7 +245,10 @@ impl Nic {
             next_qpn: FIRST_QPN,
             tx: VecDeque::new(),
             counters: Counters::default(),
-            limits: Limits::default(),
+            limits: Limits {
+                max_qp_init_rd_atom: DEVICE_ATTR.max_qp_init_rd_atom,
+                max_qp_rd_atom: DEVICE_ATTR.max_qp_rd_atom,
+            },
             exec_log: None,
             mechanisms: Mechanisms::default(),
             src_port: None,
@@ -349,8 +390,10 @@ impl Nic {
         Ok(())
     }
 
-    /// Create a completion queue of `depth` entries.
+    /// Create a completion queue of `depth` entries (at most
+    /// `DEVICE_ATTR.max_cqe`; more is clamped).
     pub fn create_cq(&mut self, depth: usize) -> CqHandle {
+        let depth = depth.min(DEVICE_ATTR.max_cqe as usize);
         let h = CqHandle(self.next_cq);
         self.next_cq += 1;
         self.cqs.push(Cq::new(depth));
@@ -377,6 +420,14 @@ impl Nic {
     ) -> Result<u32, VerbError> {
         if qp_type != QpType::Rc {
             return Err(VerbError::Unsupported("UC and UD queue pairs"));
+        }
+        let a = DEVICE_ATTR;
+        if caps.max_send_wr > a.max_qp_wr
+            || caps.max_recv_wr > a.max_qp_wr
+            || caps.max_send_sge > a.max_sge
+            || caps.max_recv_sge > a.max_sge
+        {
+            return Err(VerbError::CapsTooLarge);
         }
         for cq in [send_cq, recv_cq] {
             if self.cqs.get(cq.0 as usize).is_none() {

@@ -36,7 +36,7 @@ use rnic_core::mem::PdHandle;
 pub use rnic_core::qp::Mtu;
 use rnic_core::qp::{AddressVector, QpAttr, QpState, QpType};
 pub use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
-pub use rnic_core::{QpCaps, VerbError};
+pub use rnic_core::{DeviceAttr, QpCaps, VerbError, DEVICE_ATTR};
 
 pub use engine::TapEvent;
 

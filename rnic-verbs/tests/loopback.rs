@@ -190,3 +190,54 @@ fn no_receive_posted_exhausts_rnr_retries() {
         .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::RnrRetryExcErr);
 }
+
+#[test]
+fn a_qp_in_error_flushes_its_work_requests() {
+    let (a, b) = pair();
+    // Receives waiting on B, then B's QP fails: a bad rkey from B to A.
+    for i in 0..3 {
+        b.qp.post_recv(RecvWr {
+            wr_id: 10 + i,
+            sg_list: vec![b.mr.sge(0, 64)],
+        })
+        .unwrap();
+    }
+    b.qp.post_send(wr(
+        1,
+        SendOp::Read {
+            remote_addr: a.mr.addr(),
+            rkey: a.mr.rkey() ^ 0x80,
+        },
+        vec![b.mr.sge(0, 8)],
+    ))
+    .unwrap();
+    assert_eq!(b.cq.wait(T).unwrap().status, WcStatus::RemAccessErr);
+    let flushed: Vec<_> = (0..3).map(|_| b.cq.wait(T).unwrap()).collect();
+    assert!(
+        flushed.iter().all(|c| c.status == WcStatus::WrFlushErr),
+        "{flushed:?}"
+    );
+    assert_eq!(
+        flushed.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![10, 11, 12]
+    );
+    // Work posted to a QP in ERR completes at once, flushed.
+    b.qp.post_send(wr(2, SendOp::Send { imm: None }, vec![b.mr.sge(0, 8)]))
+        .unwrap();
+    assert_eq!(b.cq.wait(T).unwrap().status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn capacities_beyond_the_device_are_refused() {
+    let dev = Device::open_loopback().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let caps = QpCaps {
+        max_send_sge: DEVICE_ATTR.max_sge + 1,
+        ..QpCaps::default()
+    };
+    assert!(matches!(
+        pd.create_rc_qp(&cq, &cq, caps),
+        Err(Error::Verb(VerbError::CapsTooLarge))
+    ));
+}

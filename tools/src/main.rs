@@ -71,6 +71,8 @@ enum Command {
         #[arg(short = 'm', long, default_value_t = 1024)]
         mtu: u32,
     },
+    /// What a NIC is and supports, like ibv_devinfo -v.
+    Devinfo,
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
     Dump {
@@ -150,6 +152,52 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Devinfo => match rnic_verbs::Device::open_loopback() {
+            Ok(dev) => {
+                let a = rnic_verbs::DEVICE_ATTR;
+                let ver = env!("CARGO_PKG_VERSION");
+                println!("hca_id:\trnic_{}", dev.addr());
+                println!("\ttransport:\t\t\tInfiniBand (0)");
+                println!("\tfw_ver:\t\t\t\t{ver}");
+                println!("\tvendor_id:\t\t\t0x0000");
+                println!("\tphys_port_cnt:\t\t\t1");
+                println!("\tmax_qp:\t\t\t\t{}", a.max_qp);
+                println!("\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
+                println!("\tmax_sge:\t\t\t{}", a.max_sge);
+                println!("\tmax_cqe:\t\t\t{}", a.max_cqe);
+                println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+                println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+                println!("\tmax_msg_sz:\t\t\t{:#x}", a.max_msg_sz);
+                println!("\tatomic_cap:\t\t\tATOMIC_HCA (1)");
+                println!("\t\tport:\t1");
+                println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
+                println!("\t\t\tmax_mtu:\t\t4096 (5)");
+                // Loopback carries 64 KiB frames; elsewhere assume 1500-byte Ethernet.
+                let link_mtu = if dev.addr().is_loopback() {
+                    65536
+                } else {
+                    1500
+                };
+                let active = rnic_verbs::Mtu::for_link(link_mtu, 20 + 8 + 12 + 28 + 4)
+                    .unwrap_or(rnic_verbs::Mtu::Mtu256);
+                println!(
+                    "\t\t\tactive_mtu:\t\t{} ({})",
+                    active.bytes(),
+                    active as u8 + 1
+                );
+                println!("\t\t\tlink_layer:\t\tEthernet");
+                println!("\t\t\tGID[  0]:\t\t{}, RoCE v2", dev.gid());
+                println!(
+                    "\t\t\ttransport:\t\tUDP port {}, engine thread in this process",
+                    rnic_wire::ROCE_V2_PORT
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rnic devinfo: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Demo { pcap } => match demo::run(pcap.as_deref()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),

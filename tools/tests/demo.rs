@@ -43,3 +43,22 @@ fn demo_runs_every_operation_and_its_capture_checks() {
         "{summary}"
     );
 }
+
+#[test]
+fn devinfo_describes_the_device() {
+    let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .arg("devinfo")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    for field in [
+        "hca_id:\trnic_127.0.0.",
+        "max_qp_wr:\t\t\t32768",
+        "active_mtu:\t\t4096 (5)",
+        "RoCE v2",
+        "link_layer:\t\tEthernet",
+    ] {
+        assert!(text.contains(field), "missing {field:?} in\n{text}");
+    }
+}
