@@ -13,7 +13,7 @@ use crate::wr::{SendOp, WcStatus};
 impl RcQp {
     /// A response packet (ACK, READ response, atomic ACK) arrived.
     pub(crate) fn comp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
-        if !matches!(self.state(), QpState::Rts | QpState::Sqd) {
+        if !matches!(self.state(), QpState::Rts | QpState::Sqd) || self.is_uc() {
             return;
         }
         let psn = pkt.bth().psn();

@@ -51,6 +51,8 @@ pub struct Counters {
     pub ghost_or_duplicate_response: u64,
     /// SEND messages received.
     pub rdma_recvs: u64,
+    /// UC messages dropped (a PSN gap, or a request that could not be carried out).
+    pub uc_dropped: u64,
     /// Packets that could not be built.
     pub send_err: u64,
 }
@@ -291,28 +293,32 @@ impl Nic {
         (qps, ctx)
     }
 
-    /// Take an RC QP from RESET to RTS with the three `ibv_modify_qp` calls of
-    /// `ibv_rc_pingpong`, taking the values from `attr`: INIT (P_Key index,
-    /// port, access flags), RTR (address vector, path MTU, destination QP,
-    /// receive PSN, max_dest_rd_atomic, min_rnr_timer), RTS (timeout,
-    /// retry_cnt, rnr_retry, send PSN, max_rd_atomic).
-    pub fn connect_rc(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<(), VerbError> {
+    /// Take a connected QP from RESET to RTS with the three `ibv_modify_qp`
+    /// calls of `ibv_rc_pingpong` (RC) or `ibv_uc_pingpong` (UC), the values
+    /// from `attr`: INIT (P_Key index, port, access flags); RTR (address
+    /// vector, path MTU, destination QP, receive PSN, and for RC
+    /// max_dest_rd_atomic and min_rnr_timer); RTS (send PSN, and for RC
+    /// timeout, retry_cnt, rnr_retry and max_rd_atomic).
+    pub fn connect(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<(), VerbError> {
         use AttrMask as M;
+        let rc = self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?.qp_type == QpType::Rc;
+        let rtr_rc = if rc {
+            M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER
+        } else {
+            M::EMPTY
+        };
+        let rts_rc = if rc {
+            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
+        } else {
+            M::EMPTY
+        };
         let steps = [
             (QpState::Init, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
             (
                 QpState::Rtr,
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | rtr_rc,
             ),
-            (
-                QpState::Rts,
-                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-            ),
+            (QpState::Rts, M::SQ_PSN | rts_rc),
         ];
         for (state, mask) in steps {
             let a = QpAttr {
@@ -418,8 +424,8 @@ impl Nic {
         recv_cq: CqHandle,
         caps: QpCaps,
     ) -> Result<u32, VerbError> {
-        if qp_type != QpType::Rc {
-            return Err(VerbError::Unsupported("UC and UD queue pairs"));
+        if qp_type == QpType::Ud {
+            return Err(VerbError::Unsupported("UD queue pairs"));
         }
         let a = DEVICE_ATTR;
         if caps.max_send_wr > a.max_qp_wr
@@ -440,7 +446,8 @@ impl Nic {
         }
         let qpn = self.next_qpn;
         self.next_qpn += 1;
-        self.qps.insert(RcQp::new(qpn, pd, send_cq, recv_cq, caps));
+        self.qps
+            .insert(RcQp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
         Ok(qpn)
     }
 
@@ -461,7 +468,7 @@ impl Nic {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         let t =
-            qp::modify(QpType::Rc, &mut qp.attr, attr, mask, &limits).map_err(VerbError::Modify)?;
+            qp::modify(qp.qp_type, &mut qp.attr, attr, mask, &limits).map_err(VerbError::Modify)?;
         match (t.from, t.to) {
             (_, QpState::Reset) => {
                 qp.flush(&mut ctx);
@@ -503,6 +510,11 @@ impl Nic {
         }
         if wr.op.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
             return Err(VerbError::BadAtomicSge);
+        }
+        if qp.is_uc() && wr.op.is_read_or_atomic() {
+            return Err(VerbError::Unsupported(
+                "READ and atomics on a UC queue pair",
+            ));
         }
         let len = sg_len(&wr.sg_list);
         if len > 1 << 31 {
@@ -596,6 +608,13 @@ impl Nic {
             return;
         }
         ctx.counters.rcvd_pkts += 1;
+        // The transport in the opcode must be the QP's: UC packets to a UC
+        // QP, RC packets to an RC QP.
+        let uc_packet = pkt.info().transport == rnic_wire::Transport::Uc;
+        if uc_packet != qp.is_uc() {
+            ctx.counters.malformed += 1;
+            return;
+        }
         if pkt.info().is_request() {
             qp.resp_packet(&mut ctx, &pkt);
         } else {

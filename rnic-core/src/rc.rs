@@ -9,7 +9,7 @@ use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
 use crate::cq::{Cq, CqHandle};
 use crate::mem::{Access, MemError, Memory, PdHandle};
 use crate::nic::Counters;
-use crate::qp::{QpAttr, QpState};
+use crate::qp::{QpAttr, QpState, QpType};
 use crate::sim::Datagram;
 use crate::time::Time;
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
@@ -157,9 +157,11 @@ impl Default for QpCaps {
 /// The largest number of packets a requester has unacknowledged at once.
 pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 
+/// A connected queue pair, reliable (RC) or unreliable (UC).
 #[derive(Debug)]
 pub(crate) struct RcQp {
     pub qpn: u32,
+    pub qp_type: QpType,
     pub pd: PdHandle,
     pub send_cq: CqHandle,
     pub recv_cq: CqHandle,
@@ -196,9 +198,17 @@ pub(crate) struct RcQp {
 }
 
 impl RcQp {
-    pub fn new(qpn: u32, pd: PdHandle, send_cq: CqHandle, recv_cq: CqHandle, caps: QpCaps) -> RcQp {
+    pub fn new(
+        qpn: u32,
+        qp_type: QpType,
+        pd: PdHandle,
+        send_cq: CqHandle,
+        recv_cq: CqHandle,
+        caps: QpCaps,
+    ) -> RcQp {
         RcQp {
             qpn,
+            qp_type,
             pd,
             send_cq,
             recv_cq,
@@ -246,6 +256,11 @@ impl RcQp {
             imm_data: None,
             qp_num: self.qpn,
         }
+    }
+
+    /// Unreliable connected: no ACKs, no retransmission.
+    pub fn is_uc(&self) -> bool {
+        self.qp_type == QpType::Uc
     }
 
     pub fn state(&self) -> QpState {

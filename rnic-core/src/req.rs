@@ -108,6 +108,12 @@ impl RcQp {
                     (true, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
                     (true, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
+                // UC opcodes are the RC ones in the UC transport (0x20 up).
+                let opcode = if self.is_uc() {
+                    Opcode(opcode.0 | 0x20)
+                } else {
+                    opcode
+                };
                 ib = IbRepr::new(self.bth(opcode, psn));
                 if let SendOp::Write {
                     remote_addr, rkey, ..
@@ -125,7 +131,8 @@ impl RcQp {
                     ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
                 }
                 ib.bth.solicited = last && solicited;
-                ib.bth.ack_req = last;
+                // UC has no acknowledgements to ask for.
+                ib.bth.ack_req = last && !self.is_uc();
                 ib.payload_len = payload.len();
             }
             SendOp::Read { remote_addr, rkey } => {
@@ -183,6 +190,14 @@ impl RcQp {
             self.next_pkt = 0;
         } else {
             self.next_pkt += 1;
+        }
+        if self.is_uc() {
+            // Nothing will acknowledge it: a UC request is done once sent.
+            self.una = end;
+            if last {
+                self.sq[idx].status = Some(WcStatus::Success);
+                self.complete_front(ctx);
+            }
         }
         true
     }

@@ -36,6 +36,10 @@ impl RcQp {
             return;
         }
         let psn = pkt.bth().psn();
+        if self.is_uc() {
+            self.resp_uc(ctx, pkt, psn);
+            return;
+        }
         let d = psn.diff(self.epsn);
         if d > 0 {
             ctx.counters.out_of_seq_request += 1;
@@ -80,6 +84,43 @@ impl RcQp {
                     );
                 }
                 self.enter_error(ctx);
+            }
+        }
+    }
+
+    /// UC (IBTA 9.8.3): no acknowledgements and no retransmission. A PSN gap
+    /// drops the message it falls in (its receive, if any, serves the next
+    /// message); the responder takes up again at the next FIRST or ONLY
+    /// packet. A request it cannot carry out is dropped, silently.
+    fn resp_uc(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
+        if psn != self.epsn {
+            ctx.counters.out_of_seq_request += 1;
+            self.abort_message(ctx);
+        }
+        self.epsn = psn.next();
+        let starts = pkt.info().position.starts_message();
+        if starts && self.in_msg.is_some() {
+            // The LAST of the previous message was lost.
+            self.abort_message(ctx);
+        }
+        if !starts && self.in_msg.is_none() {
+            return; // the rest of a message already dropped
+        }
+        if self.execute(ctx, pkt, psn).is_err() {
+            if self.in_msg.is_some() {
+                self.abort_message(ctx);
+            } else {
+                ctx.counters.uc_dropped += 1;
+            }
+        }
+    }
+
+    /// Drop the message in progress; a receive it had taken goes back first in line.
+    fn abort_message(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(m) = self.in_msg.take() {
+            ctx.counters.uc_dropped += 1;
+            if let InMsg::Send { recv, .. } = m {
+                self.rq.push_front(recv);
             }
         }
     }
@@ -181,7 +222,7 @@ impl RcQp {
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
         self.epsn = psn.next();
-        if pkt.bth().ack_req() {
+        if pkt.bth().ack_req() && !self.is_uc() {
             let syndrome = self.ack_syndrome();
             self.send_ack(ctx, syndrome, psn);
         }

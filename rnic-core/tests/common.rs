@@ -38,6 +38,7 @@ pub struct Params {
     pub mtu: Mtu,
     pub b_access: Access,
     pub b_qp_access: Access,
+    pub qp_type: QpType,
 }
 
 impl Default for Params {
@@ -54,16 +55,17 @@ impl Default for Params {
                 | Access::REMOTE_READ
                 | Access::REMOTE_ATOMIC,
             b_qp_access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            qp_type: QpType::Rc,
         }
     }
 }
 
-fn side(c: &mut Cluster, i: usize, iova: u64, access: Access) -> Side {
+fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, qp_type: QpType) -> Side {
     let nic = &mut c.nics[i];
     let pd = nic.alloc_pd();
     let cq = nic.create_cq(4096);
     let qpn = nic
-        .create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
+        .create_qp(pd, qp_type, cq, cq, QpCaps::default())
         .unwrap();
     let mr = nic
         .reg_mr(pd, iova, Box::new(vec![0u8; REGION]), access)
@@ -102,7 +104,7 @@ fn connect(
         max_rd_atomic: 16,
         ..QpAttr::default()
     };
-    c.nics[i].connect_rc(now, me.qpn, &attr).unwrap();
+    c.nics[i].connect(now, me.qpn, &attr).unwrap();
 }
 
 impl Pair {
@@ -114,8 +116,9 @@ impl Pair {
             0,
             A_IOVA,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            p.qp_type,
         );
-        let b = side(&mut c, 1, B_IOVA, p.b_access);
+        let b = side(&mut c, 1, B_IOVA, p.b_access, p.qp_type);
         connect(
             &mut c,
             0,
