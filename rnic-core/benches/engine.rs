@@ -70,7 +70,7 @@ fn setup() -> Setup {
             dest_qp_num: qpn[1 - i],
             ..QpAttr::default()
         };
-        nics[i].connect(Time::ZERO, qpn[i], &attr).unwrap();
+        nics[i].to_rts(Time::ZERO, qpn[i], &attr).unwrap();
     }
     Setup {
         nics,

@@ -6,11 +6,11 @@ use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{IbPacket, Operation, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{scatter, Ctx, RcQp};
+use crate::rc::{scatter, Ctx, Qp};
 use crate::time::Time;
 use crate::wr::{SendOp, WcStatus};
 
-impl RcQp {
+impl Qp {
     /// A response packet (ACK, READ response, atomic ACK) arrived.
     pub(crate) fn comp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
         if !matches!(self.state(), QpState::Rts | QpState::Sqd) || self.is_uc() {
@@ -121,7 +121,7 @@ impl RcQp {
     }
 
     /// A response at `psn` implies everything before it was acknowledged;
-    /// false if that cannot be (see [`RcQp::ack_through`]).
+    /// false if that cannot be (see [`Qp::ack_through`]).
     fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
         psn == self.una || self.ack_through(ctx, psn.sub(1))
     }

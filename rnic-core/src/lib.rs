@@ -20,6 +20,7 @@ mod resp;
 pub mod rng;
 pub mod sim;
 pub mod time;
+mod ud;
 pub mod wr;
 
 pub use nic::{Counters, DeviceAttr, Mechanisms, Nic, VerbError, DEVICE_ATTR};

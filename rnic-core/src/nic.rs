@@ -13,10 +13,10 @@ use rnic_wire::{icrc, IbPacket, Psn};
 use crate::cq::{Cq, CqHandle};
 use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
 use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
-use crate::rc::{sg_len, Ctx, Execution, QpCaps, RcQp, SendWqe};
+use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe};
 use crate::sim::Datagram;
 use crate::time::Time;
-use crate::wr::{Completion, RecvWr, SendOp, SendWr, WcStatus};
+use crate::wr::{Completion, RecvWr, SendOp, SendWr, UdDest};
 
 /// Counters, named like rdma_rxe's hardware counters where one exists.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,6 +53,10 @@ pub struct Counters {
     pub rdma_recvs: u64,
     /// UC messages dropped (a PSN gap, or a request that could not be carried out).
     pub uc_dropped: u64,
+    /// UD packets dropped for a Q_Key that was not the QP's.
+    pub qkey_violations: u64,
+    /// UD packets dropped because no receive was posted.
+    pub ud_dropped_no_recv: u64,
     /// Packets that could not be built.
     pub send_err: u64,
 }
@@ -180,19 +184,19 @@ const FIRST_QPN: u32 = 0x11;
 /// Queue pairs by number: QPNs are handed out in order, so a vector indexed by
 /// `qpn - FIRST_QPN` finds one without hashing.
 #[derive(Default)]
-pub(crate) struct QpTable(Vec<Option<RcQp>>);
+pub(crate) struct QpTable(Vec<Option<Qp>>);
 
 impl QpTable {
     fn index(qpn: u32) -> Option<usize> {
         qpn.checked_sub(FIRST_QPN).map(|i| i as usize)
     }
-    fn get(&self, qpn: u32) -> Option<&RcQp> {
+    fn get(&self, qpn: u32) -> Option<&Qp> {
         self.0.get(Self::index(qpn)?)?.as_ref()
     }
-    fn get_mut(&mut self, qpn: u32) -> Option<&mut RcQp> {
+    fn get_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
         self.0.get_mut(Self::index(qpn)?)?.as_mut()
     }
-    fn insert(&mut self, qp: RcQp) {
+    fn insert(&mut self, qp: Qp) {
         if let Some(i) = Self::index(qp.qpn) {
             if self.0.len() <= i {
                 self.0.resize_with(i + 1, || None);
@@ -200,10 +204,10 @@ impl QpTable {
             self.0[i] = Some(qp);
         }
     }
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut RcQp> {
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Qp> {
         self.0.iter_mut().flatten()
     }
-    fn iter(&self) -> impl Iterator<Item = &RcQp> {
+    fn iter(&self) -> impl Iterator<Item = &Qp> {
         self.0.iter().flatten()
     }
 }
@@ -293,33 +297,45 @@ impl Nic {
         (qps, ctx)
     }
 
-    /// Take a connected QP from RESET to RTS with the three `ibv_modify_qp`
-    /// calls of `ibv_rc_pingpong` (RC) or `ibv_uc_pingpong` (UC), the values
-    /// from `attr`: INIT (P_Key index, port, access flags); RTR (address
-    /// vector, path MTU, destination QP, receive PSN, and for RC
-    /// max_dest_rd_atomic and min_rnr_timer); RTS (send PSN, and for RC
-    /// timeout, retry_cnt, rnr_retry and max_rd_atomic).
-    pub fn connect(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<(), VerbError> {
+    /// Take a QP from RESET to RTS with the three `ibv_modify_qp` calls of
+    /// rdma-core's pingpong programs, the values from `attr`. RC
+    /// (`ibv_rc_pingpong`): INIT with P_Key index, port and access flags; RTR
+    /// with address vector, path MTU, destination QP, receive PSN,
+    /// max_dest_rd_atomic and min_rnr_timer; RTS with send PSN, timeout,
+    /// retry_cnt, rnr_retry and max_rd_atomic. UC (`ibv_uc_pingpong`): the same
+    /// without the RC-only attributes. UD (`ibv_ud_pingpong`): INIT with P_Key
+    /// index, port and Q_Key; RTR with nothing; RTS with the send PSN.
+    pub fn to_rts(&mut self, now: Time, qpn: u32, attr: &QpAttr) -> Result<(), VerbError> {
         use AttrMask as M;
-        let rc = self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?.qp_type == QpType::Rc;
-        let rtr_rc = if rc {
-            M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER
-        } else {
-            M::EMPTY
+        let t = self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?.qp_type;
+        let steps = match t {
+            QpType::Rc => [
+                (QpState::Init, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+                (
+                    QpState::Rtr,
+                    M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER,
+                ),
+                (
+                    QpState::Rts,
+                    M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                ),
+            ],
+            QpType::Uc => [
+                (QpState::Init, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+                (QpState::Rtr, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN),
+                (QpState::Rts, M::SQ_PSN),
+            ],
+            QpType::Ud => [
+                (QpState::Init, M::PKEY_INDEX | M::PORT | M::QKEY),
+                (QpState::Rtr, M::EMPTY),
+                (QpState::Rts, M::SQ_PSN),
+            ],
         };
-        let rts_rc = if rc {
-            M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
-        } else {
-            M::EMPTY
-        };
-        let steps = [
-            (QpState::Init, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
-            (
-                QpState::Rtr,
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | rtr_rc,
-            ),
-            (QpState::Rts, M::SQ_PSN | rts_rc),
-        ];
         for (state, mask) in steps {
             let a = QpAttr {
                 qp_state: state,
@@ -424,9 +440,6 @@ impl Nic {
         recv_cq: CqHandle,
         caps: QpCaps,
     ) -> Result<u32, VerbError> {
-        if qp_type == QpType::Ud {
-            return Err(VerbError::Unsupported("UD queue pairs"));
-        }
         let a = DEVICE_ATTR;
         if caps.max_send_wr > a.max_qp_wr
             || caps.max_recv_wr > a.max_qp_wr
@@ -447,7 +460,7 @@ impl Nic {
         let qpn = self.next_qpn;
         self.next_qpn += 1;
         self.qps
-            .insert(RcQp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
+            .insert(Qp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
         Ok(qpn)
     }
 
@@ -511,6 +524,11 @@ impl Nic {
         if wr.op.is_atomic() && (wr.sg_list.len() != 1 || wr.sg_list[0].length != 8) {
             return Err(VerbError::BadAtomicSge);
         }
+        if qp.qp_type == QpType::Ud {
+            return Err(VerbError::Unsupported(
+                "post_send on a UD queue pair: use post_send_ud",
+            ));
+        }
         if qp.is_uc() && wr.op.is_read_or_atomic() {
             return Err(VerbError::Unsupported(
                 "READ and atomics on a UC queue pair",
@@ -523,17 +541,7 @@ impl Nic {
         match qp.state() {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
-                ctx.complete(
-                    qp.send_cq,
-                    Completion {
-                        wr_id: wr.wr_id,
-                        status: WcStatus::WrFlushErr,
-                        opcode: wr.op.wc_opcode(),
-                        byte_len: 0,
-                        imm_data: None,
-                        qp_num: qpn,
-                    },
-                );
+                qp.flush_one(&mut ctx, &wr);
                 return Ok(());
             }
             s => return Err(VerbError::BadState(s)),
@@ -554,6 +562,39 @@ impl Nic {
             status: None,
         });
         qp.req_poll(&mut ctx);
+        Ok(())
+    }
+
+    /// `ibv_post_send` on a UD QP: a SEND (with or without immediate) of at
+    /// most 4096 bytes to `to`.
+    pub fn post_send_ud(
+        &mut self,
+        now: Time,
+        qpn: u32,
+        wr: SendWr,
+        to: UdDest,
+    ) -> Result<(), VerbError> {
+        let (qps, mut ctx) = self.parts(now);
+        let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        if qp.qp_type != QpType::Ud {
+            return Err(VerbError::Unsupported(
+                "post_send_ud on a connected queue pair",
+            ));
+        }
+        if !matches!(wr.op, SendOp::Send { .. }) {
+            return Err(VerbError::Unsupported("UD carries SENDs only"));
+        }
+        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
+            return Err(VerbError::TooManySge {
+                given: wr.sg_list.len(),
+                max: qp.caps.max_send_sge,
+            });
+        }
+        match qp.state() {
+            QpState::Rts => qp.post_ud(&mut ctx, wr, to),
+            QpState::Err => qp.flush_one(&mut ctx, &wr),
+            s => return Err(VerbError::BadState(s)),
+        }
         Ok(())
     }
 
@@ -602,6 +643,15 @@ impl Nic {
             ctx.counters.unknown_qp += 1;
             return;
         };
+        if qp.qp_type == QpType::Ud {
+            if pkt.info().transport == rnic_wire::Transport::Ud {
+                ctx.counters.rcvd_pkts += 1;
+                qp.resp_ud(&mut ctx, &pkt, d.src, d.dst);
+            } else {
+                ctx.counters.malformed += 1;
+            }
+            return;
+        }
         // A connected QP takes packets from its peer only.
         if qp.attr.ah_attr.map(|a| a.dest) != Some(d.src) {
             ctx.counters.unknown_qp += 1;
@@ -642,6 +692,6 @@ impl Nic {
 
     /// When [`Nic::handle_timeout`] must next be called.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.qps.iter().filter_map(RcQp::deadline).min()
+        self.qps.iter().filter_map(Qp::deadline).min()
     }
 }

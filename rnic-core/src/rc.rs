@@ -159,7 +159,7 @@ pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 
 /// A connected queue pair, reliable (RC) or unreliable (UC).
 #[derive(Debug)]
-pub(crate) struct RcQp {
+pub(crate) struct Qp {
     pub qpn: u32,
     pub qp_type: QpType,
     pub pd: PdHandle,
@@ -197,7 +197,7 @@ pub(crate) struct RcQp {
     pub scratch: Vec<u8>,
 }
 
-impl RcQp {
+impl Qp {
     pub fn new(
         qpn: u32,
         qp_type: QpType,
@@ -205,8 +205,8 @@ impl RcQp {
         send_cq: CqHandle,
         recv_cq: CqHandle,
         caps: QpCaps,
-    ) -> RcQp {
-        RcQp {
+    ) -> Qp {
+        Qp {
             qpn,
             qp_type,
             pd,
@@ -255,6 +255,7 @@ impl RcQp {
             },
             imm_data: None,
             qp_num: self.qpn,
+            src_qp: None,
         }
     }
 
@@ -271,11 +272,15 @@ impl RcQp {
         self.attr.path_mtu.bytes() as u64
     }
 
-    /// Emit one IB packet to the peer.
+    /// Emit one IB packet to the connected peer.
     pub fn transmit(&self, ctx: &mut Ctx<'_>, ib: &IbRepr, payload: &[u8]) {
-        let Some(av) = self.attr.ah_attr else {
-            return;
-        };
+        if let Some(av) = self.attr.ah_attr {
+            self.transmit_to(ctx, av.dest, ib, payload);
+        }
+    }
+
+    /// Emit one IB packet to `dest`.
+    pub fn transmit_to(&self, ctx: &mut Ctx<'_>, dest: IpAddr, ib: &IbRepr, payload: &[u8]) {
         let mut buf = vec![0u8; ib.buffer_len()];
         if ib.emit(&mut buf, payload).is_err() {
             ctx.counters.send_err += 1;
@@ -285,7 +290,7 @@ impl RcQp {
             rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
         });
         let n = buf.len();
-        match icrc::for_udp(ctx.addr, av.dest, src_port, &buf[..n - 4]) {
+        match icrc::for_udp(ctx.addr, dest, src_port, &buf[..n - 4]) {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
             Err(_) => {
                 ctx.counters.send_err += 1;
@@ -295,7 +300,7 @@ impl RcQp {
         ctx.counters.sent_pkts += 1;
         ctx.tx.push_back(Datagram {
             src: ctx.addr,
-            dst: av.dest,
+            dst: dest,
             src_port,
             payload: buf,
         });
@@ -331,6 +336,22 @@ impl RcQp {
         self.flush(ctx);
     }
 
+    /// A request posted to a QP in the error state completes at once, flushed.
+    pub fn flush_one(&self, ctx: &mut Ctx<'_>, wr: &SendWr) {
+        ctx.complete(
+            self.send_cq,
+            Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: wr.op.wc_opcode(),
+                byte_len: 0,
+                imm_data: None,
+                qp_num: self.qpn,
+                src_qp: None,
+            },
+        );
+    }
+
     pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.ack_deadline = None;
         self.rnr_until = None;
@@ -355,6 +376,7 @@ impl RcQp {
                     byte_len: 0,
                     imm_data: None,
                     qp_num: self.qpn,
+                    src_qp: None,
                 },
             );
         }

@@ -4,11 +4,11 @@
 use rnic_wire::{atomic_eth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{gather, Ctx, RcQp, MAX_INFLIGHT_PKTS};
+use crate::rc::{gather, Ctx, Qp, MAX_INFLIGHT_PKTS};
 use crate::time::local_ack_timeout;
 use crate::wr::{SendOp, WcStatus};
 
-impl RcQp {
+impl Qp {
     /// Send what the window allows.
     pub(crate) fn req_poll(&mut self, ctx: &mut Ctx<'_>) {
         if self.state() != QpState::Rts {

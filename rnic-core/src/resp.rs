@@ -9,7 +9,7 @@ use rnic_wire::{aeth, atomic_ack_eth, IbPacket, IbRepr, Opcode, Operation, Posit
 
 use crate::mem::{Access, MemError};
 use crate::qp::QpState;
-use crate::rc::{scatter, sg_len, Ctx, ExecKind, Execution, InMsg, RcQp, RdAtomic};
+use crate::rc::{scatter, sg_len, Ctx, ExecKind, Execution, InMsg, Qp, RdAtomic};
 use crate::wr::{Completion, WcOpcode, WcStatus};
 
 /// Why a request was refused.
@@ -29,7 +29,7 @@ impl From<MemError> for Refusal {
     }
 }
 
-impl RcQp {
+impl Qp {
     /// A request packet arrived.
     pub(crate) fn resp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
         if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
@@ -80,6 +80,7 @@ impl RcQp {
                             byte_len: 0,
                             imm_data: None,
                             qp_num: self.qpn,
+                            src_qp: None,
                         },
                     );
                 }
@@ -286,6 +287,7 @@ impl RcQp {
                     byte_len: offset as u32,
                     imm_data: pkt.immdt().map(|i| i.immediate()),
                     qp_num: self.qpn,
+                    src_qp: None,
                 },
             );
         }
@@ -374,6 +376,7 @@ impl RcQp {
                             byte_len: len as u32,
                             imm_data: Some(imm.immediate()),
                             qp_num: self.qpn,
+                            src_qp: None,
                         },
                     );
                 }

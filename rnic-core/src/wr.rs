@@ -105,6 +105,23 @@ pub struct SendWr {
     pub fence: bool,
 }
 
+/// Where a UD send goes (`ibv_send_wr.wr.ud`: the address handle, the remote
+/// QP number and its Q_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdDest {
+    /// The peer's IP address (its GID).
+    pub dest: core::net::IpAddr,
+    /// The remote QP number.
+    pub qpn: u32,
+    /// The remote QP's Q_Key.
+    pub qkey: u32,
+}
+
+/// Bytes at the head of every UD receive buffer that hold the packet's network
+/// header (the GRH on InfiniBand; for RoCE v2 over IPv4, the IPv4 header in its
+/// last 20 bytes), as verbs specifies.
+pub const GRH_LEN: usize = 40;
+
 /// A receive work request (`ibv_recv_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
@@ -221,4 +238,6 @@ pub struct Completion {
     pub imm_data: Option<u32>,
     /// The local QP.
     pub qp_num: u32,
+    /// UD receives: the sender's QP number (from the DETH).
+    pub src_qp: Option<u32>,
 }

@@ -104,7 +104,7 @@ fn connect(
         max_rd_atomic: 16,
         ..QpAttr::default()
     };
-    c.nics[i].connect(now, me.qpn, &attr).unwrap();
+    c.nics[i].to_rts(now, me.qpn, &attr).unwrap();
 }
 
 impl Pair {

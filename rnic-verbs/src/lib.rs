@@ -414,7 +414,7 @@ impl QueuePair {
         };
         self.dev.call(move |st| {
             let now = st.now();
-            st.nic.connect(now, qpn, &attr)
+            st.nic.to_rts(now, qpn, &attr)
         })??;
         Ok(())
     }

@@ -1,0 +1,128 @@
+//! Unreliable datagram: one packet per message, a destination per request
+//! (DETH carries the Q_Key and the source QP), no acknowledgements, and the
+//! 40-byte GRH area at the head of every receive buffer.
+
+use core::net::IpAddr;
+
+use rnic_wire::encap::{ipv4, ipv6};
+use rnic_wire::{deth, immdt, IbPacket, IbRepr, Opcode, MAX_PAYLOAD};
+
+use crate::qp::QpState;
+use crate::rc::{gather, scatter, sg_len, Ctx, Qp};
+use crate::wr::{Completion, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
+
+impl Qp {
+    /// Send `wr` (a SEND, with or without immediate) to `to`. It completes once
+    /// sent: nothing acknowledges a datagram.
+    pub(crate) fn post_ud(&mut self, ctx: &mut Ctx<'_>, wr: SendWr, to: UdDest) {
+        let SendOp::Send { imm } = wr.op else {
+            return;
+        };
+        let len = sg_len(&wr.sg_list) as usize;
+        let mut payload = vec![0u8; len];
+        let status = if len > MAX_PAYLOAD {
+            WcStatus::LocLenErr
+        } else if gather(ctx.mem, self.pd, &wr.sg_list, 0, &mut payload).is_err() {
+            WcStatus::LocProtErr
+        } else {
+            let opcode = if imm.is_some() {
+                Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+            } else {
+                Opcode::UD_SEND_ONLY
+            };
+            let psn = self.sq_psn;
+            self.sq_psn = psn.next();
+            let mut ib = IbRepr::new(rnic_wire::bth::Repr::new(opcode, to.qpn, psn));
+            ib.bth.solicited = wr.solicited;
+            ib.deth = Some(deth::Repr {
+                q_key: to.qkey,
+                src_qp: self.qpn,
+            });
+            ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
+            ib.payload_len = len;
+            self.transmit_to(ctx, to.dest, &ib, &payload);
+            WcStatus::Success
+        };
+        if status != WcStatus::Success || wr.signaled {
+            ctx.complete(
+                self.send_cq,
+                Completion {
+                    wr_id: wr.wr_id,
+                    status,
+                    opcode: WcOpcode::Send,
+                    byte_len: 0,
+                    imm_data: None,
+                    qp_num: self.qpn,
+                    src_qp: None,
+                },
+            );
+        }
+    }
+
+    /// A UD SEND arrived from `src`. Dropped, silently and counted, when the
+    /// Q_Key is not this QP's or no receive is posted (UD has no RNR NAK).
+    pub(crate) fn resp_ud(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        src: IpAddr,
+        dst: IpAddr,
+    ) {
+        if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            return;
+        }
+        let Some(d) = pkt.deth() else { return };
+        if d.q_key() != self.attr.qkey {
+            ctx.counters.qkey_violations += 1;
+            return;
+        }
+        let Some(recv) = self.rq.pop_front() else {
+            ctx.counters.ud_dropped_no_recv += 1;
+            return;
+        };
+        let payload = pkt.payload();
+        let mut data = vec![0u8; GRH_LEN + payload.len()];
+        grh_area(&mut data[..GRH_LEN], src, dst, payload.len());
+        data[GRH_LEN..].copy_from_slice(payload);
+        let status = if data.len() as u64 > sg_len(&recv.sg_list) {
+            WcStatus::LocLenErr
+        } else if scatter(ctx.mem, self.pd, &recv.sg_list, 0, &data).is_err() {
+            WcStatus::LocProtErr
+        } else {
+            WcStatus::Success
+        };
+        ctx.counters.rdma_recvs += 1;
+        ctx.complete(
+            self.recv_cq,
+            Completion {
+                wr_id: recv.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: if status == WcStatus::Success {
+                    data.len() as u32
+                } else {
+                    0
+                },
+                imm_data: pkt.immdt().map(|i| i.immediate()),
+                qp_num: self.qpn,
+                src_qp: Some(d.src_qp()),
+            },
+        );
+    }
+}
+
+/// The 40 bytes verbs puts before a UD payload: for IPv6 the IPv6 header (the
+/// GRH's layout), for IPv4 zeros then the IPv4 header in the last 20 bytes.
+fn grh_area(out: &mut [u8], src: IpAddr, dst: IpAddr, payload_len: usize) {
+    out.fill(0);
+    let udp_len = 8 + 12 + 8 + payload_len + 4;
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let _ = ipv4::Repr::new(s, d).emit(&mut out[20..], udp_len);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let _ = ipv6::Repr::new(s, d).emit(out, udp_len);
+        }
+        _ => {}
+    }
+}
