@@ -19,6 +19,7 @@ mod req;
 mod resp;
 pub mod rng;
 pub mod sim;
+pub mod srq;
 pub mod time;
 mod ud;
 pub mod wr;

@@ -15,6 +15,7 @@ use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
 use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
 use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe};
 use crate::sim::Datagram;
+use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::time::Time;
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, UdDest};
 
@@ -226,6 +227,8 @@ pub struct Nic {
     exec_log: Option<Vec<Execution>>,
     mechanisms: Mechanisms,
     src_port: Option<u16>,
+    srqs: Vec<Srq>,
+    events: VecDeque<AsyncEvent>,
 }
 
 impl fmt::Debug for Nic {
@@ -258,6 +261,8 @@ impl Nic {
             exec_log: None,
             mechanisms: Mechanisms::default(),
             src_port: None,
+            srqs: Vec::new(),
+            events: VecDeque::new(),
         }
     }
 
@@ -281,6 +286,8 @@ impl Nic {
             addr,
             mechanisms,
             src_port,
+            srqs,
+            events,
             ..
         } = self;
         let ctx = Ctx {
@@ -293,6 +300,8 @@ impl Nic {
             exec_log,
             mechanisms: *mechanisms,
             src_port: *src_port,
+            srqs,
+            events,
         };
         (qps, ctx)
     }
@@ -598,6 +607,79 @@ impl Nic {
         Ok(())
     }
 
+    /// Create a shared receive queue of `max_wr` receives of up to `max_sge`
+    /// entries each (`ibv_create_srq`).
+    pub fn create_srq(&mut self, max_wr: u32, max_sge: u32) -> Result<SrqHandle, VerbError> {
+        if max_wr > DEVICE_ATTR.max_qp_wr || max_sge > DEVICE_ATTR.max_sge {
+            return Err(VerbError::CapsTooLarge);
+        }
+        self.srqs.push(Srq {
+            queue: VecDeque::new(),
+            max_wr,
+            max_sge,
+            limit: 0,
+        });
+        Ok(SrqHandle(self.srqs.len() as u32 - 1))
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: RecvWr) -> Result<(), VerbError> {
+        let s = self
+            .srqs
+            .get_mut(srq.0 as usize)
+            .ok_or(VerbError::Unsupported("no such SRQ"))?;
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(VerbError::TooManySge {
+                given: wr.sg_list.len(),
+                max: s.max_sge,
+            });
+        }
+        if s.queue.len() >= s.max_wr as usize {
+            return Err(VerbError::QueueFull);
+        }
+        s.queue.push_back(wr);
+        Ok(())
+    }
+
+    /// Arm the SRQ's limit (`ibv_modify_srq` with IBV_SRQ_LIMIT): when fewer
+    /// than `limit` receives remain, an `AsyncEvent::SrqLimitReached` is raised
+    /// once. 0 disarms.
+    pub fn arm_srq(&mut self, srq: SrqHandle, limit: u32) -> Result<(), VerbError> {
+        let s = self
+            .srqs
+            .get_mut(srq.0 as usize)
+            .ok_or(VerbError::Unsupported("no such SRQ"))?;
+        if limit > s.max_wr {
+            return Err(VerbError::CapsTooLarge);
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// Receives waiting in an SRQ.
+    pub fn srq_len(&self, srq: SrqHandle) -> Option<usize> {
+        self.srqs.get(srq.0 as usize).map(|s| s.queue.len())
+    }
+
+    /// Make a QP (in RESET, with nothing posted) take its receives from `srq`,
+    /// as `ibv_create_qp` with `srq` set does.
+    pub fn attach_srq(&mut self, qpn: u32, srq: SrqHandle) -> Result<(), VerbError> {
+        if self.srqs.get(srq.0 as usize).is_none() {
+            return Err(VerbError::Unsupported("no such SRQ"));
+        }
+        let qp = self.qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        if qp.state() != QpState::Reset || !qp.rq.is_empty() {
+            return Err(VerbError::BadState(qp.state()));
+        }
+        qp.srq = Some(srq);
+        Ok(())
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`).
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
@@ -607,6 +689,11 @@ impl Nic {
                 given: wr.sg_list.len(),
                 max: qp.caps.max_recv_sge,
             });
+        }
+        if qp.srq.is_some() {
+            return Err(VerbError::Unsupported(
+                "post_recv on a QP with an SRQ: post to the SRQ",
+            ));
         }
         if qp.rq.len() >= qp.caps.max_recv_wr as usize {
             return Err(VerbError::QueueFull);

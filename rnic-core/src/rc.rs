@@ -11,6 +11,7 @@ use crate::mem::{Access, MemError, Memory, PdHandle};
 use crate::nic::Counters;
 use crate::qp::{QpAttr, QpState, QpType};
 use crate::sim::Datagram;
+use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::time::Time;
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 
@@ -25,6 +26,8 @@ pub(crate) struct Ctx<'a> {
     pub exec_log: &'a mut Option<Vec<Execution>>,
     pub mechanisms: crate::nic::Mechanisms,
     pub src_port: Option<u16>,
+    pub srqs: &'a mut Vec<Srq>,
+    pub events: &'a mut VecDeque<AsyncEvent>,
 }
 
 impl Ctx<'_> {
@@ -195,6 +198,8 @@ pub(crate) struct Qp {
     pub rd_atomic: VecDeque<RdAtomic>,
     /// Reused for the payload of each packet sent, to spare an allocation.
     pub scratch: Vec<u8>,
+    /// The shared receive queue this QP takes receives from, if any.
+    pub srq: Option<SrqHandle>,
 }
 
 impl Qp {
@@ -232,6 +237,7 @@ impl Qp {
             seq_nak_sent: false,
             rd_atomic: VecDeque::new(),
             scratch: Vec::new(),
+            srq: None,
         }
     }
 
@@ -256,6 +262,35 @@ impl Qp {
             imm_data: None,
             qp_num: self.qpn,
             src_qp: None,
+        }
+    }
+
+    /// The next receive: from the QP's own queue, or its shared one.
+    pub fn take_recv(&mut self, ctx: &mut Ctx<'_>) -> Option<RecvWr> {
+        match self.srq {
+            None => self.rq.pop_front(),
+            Some(h) => {
+                let srq = ctx.srqs.get_mut(h.0 as usize)?;
+                let (r, event) = srq.take(h);
+                ctx.events.extend(event);
+                r
+            }
+        }
+    }
+
+    /// Put back a receive taken for a message that was dropped: first in line.
+    pub fn return_recv(&mut self, ctx: &mut Ctx<'_>, r: RecvWr) {
+        match self.srq.and_then(|h| ctx.srqs.get_mut(h.0 as usize)) {
+            Some(srq) => srq.queue.push_front(r),
+            None => self.rq.push_front(r),
+        }
+    }
+
+    /// Receives waiting for this QP.
+    pub fn recvs_available(&self, ctx: &Ctx<'_>) -> usize {
+        match self.srq.and_then(|h| ctx.srqs.get(h.0 as usize)) {
+            Some(srq) => srq.queue.len(),
+            None => self.rq.len(),
         }
     }
 
@@ -321,10 +356,14 @@ impl Qp {
         self.transmit(ctx, &ib, &[]);
     }
 
-    /// The ACK syndrome with this QP's receive credits.
-    pub fn ack_syndrome(&self) -> aeth::Syndrome {
+    /// The ACK syndrome with this QP's receive credits. A QP on a shared
+    /// receive queue advertises none (IBTA 10.2.9.5: credits are per QP).
+    pub fn ack_syndrome(&self, ctx: &Ctx<'_>) -> aeth::Syndrome {
+        if self.srq.is_some() {
+            return aeth::Syndrome::ACK_NO_CREDITS;
+        }
         aeth::Syndrome::Ack {
-            credits: aeth::encode_credits(self.rq.len() as u32),
+            credits: aeth::encode_credits(self.recvs_available(ctx) as u32),
         }
     }
 
@@ -364,7 +403,7 @@ impl Qp {
         self.next_wqe = 0;
         self.next_pkt = 0;
         if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
-            self.rq.push_front(recv);
+            self.return_recv(ctx, recv);
         }
         for r in self.rq.drain(..) {
             ctx.complete(

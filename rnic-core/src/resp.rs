@@ -121,7 +121,7 @@ impl Qp {
         if let Some(m) = self.in_msg.take() {
             ctx.counters.uc_dropped += 1;
             if let InMsg::Send { recv, .. } = m {
-                self.rq.push_front(recv);
+                self.return_recv(ctx, recv);
             }
         }
     }
@@ -172,7 +172,7 @@ impl Qp {
                 if pkt.bth().ack_req() {
                     // Everything before `epsn` is done: say so again.
                     let last = self.epsn.sub(1);
-                    let syndrome = self.ack_syndrome();
+                    let syndrome = self.ack_syndrome(ctx);
                     self.send_ack(ctx, syndrome, last);
                 }
             }
@@ -224,7 +224,7 @@ impl Qp {
         }
         self.epsn = psn.next();
         if pkt.bth().ack_req() && !self.is_uc() {
-            let syndrome = self.ack_syndrome();
+            let syndrome = self.ack_syndrome(ctx);
             self.send_ack(ctx, syndrome, psn);
         }
         Ok(())
@@ -238,7 +238,7 @@ impl Qp {
     ) -> Result<(), Refusal> {
         let info = pkt.info();
         if self.in_msg.is_none() {
-            let recv = self.rq.pop_front().ok_or(Refusal::NotReady)?;
+            let recv = self.take_recv(ctx).ok_or(Refusal::NotReady)?;
             self.in_msg = Some(InMsg::Send {
                 recv,
                 offset: 0,
@@ -305,7 +305,7 @@ impl Qp {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
         // WRITE with immediate consumes a receive: check before writing anything.
-        if info.has_immediate() && self.rq.is_empty() {
+        if info.has_immediate() && self.recvs_available(ctx) == 0 {
             return Err(Refusal::NotReady);
         }
         if self.in_msg.is_none() {
@@ -366,7 +366,7 @@ impl Qp {
             let len = data.len();
             self.log(ctx, first_psn, ExecKind::Write { va: start_va, data });
             if let Some(imm) = pkt.immdt() {
-                if let Some(recv) = self.rq.pop_front() {
+                if let Some(recv) = self.take_recv(ctx) {
                     ctx.complete(
                         self.recv_cq,
                         Completion {
@@ -474,7 +474,7 @@ impl Qp {
                 .is_some_and(|i| i.has(rnic_wire::ExtHeader::Aeth))
             {
                 ib.aeth = Some(aeth::Repr {
-                    syndrome: self.ack_syndrome(),
+                    syndrome: self.ack_syndrome(ctx),
                     msn: msn & 0xFF_FFFF,
                 });
             }
@@ -487,7 +487,7 @@ impl Qp {
     fn atomic_ack(&self, ctx: &mut Ctx<'_>, psn: Psn, orig: u64, msn: u32) {
         let mut ib = IbRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn));
         ib.aeth = Some(aeth::Repr {
-            syndrome: self.ack_syndrome(),
+            syndrome: self.ack_syndrome(ctx),
             msn: msn & 0xFF_FFFF,
         });
         ib.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig_rem_dt: orig });

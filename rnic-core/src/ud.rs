@@ -76,7 +76,7 @@ impl Qp {
             ctx.counters.qkey_violations += 1;
             return;
         }
-        let Some(recv) = self.rq.pop_front() else {
+        let Some(recv) = self.take_recv(ctx) else {
             ctx.counters.ud_dropped_no_recv += 1;
             return;
         };

@@ -1,0 +1,40 @@
+//! Shared receive queues: one queue of receives that several QPs take from,
+//! and the limit event that tells the application it is running low.
+
+use std::collections::VecDeque;
+
+use crate::wr::RecvWr;
+
+/// A shared receive queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SrqHandle(pub u32);
+
+/// An asynchronous event (`ibv_async_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// IBV_EVENT_SRQ_LIMIT_REACHED: fewer receives than the armed limit remain.
+    /// The limit disarms itself; arm it again with `Nic::arm_srq`.
+    SrqLimitReached(SrqHandle),
+}
+
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub queue: VecDeque<RecvWr>,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// Armed limit (`srq_limit`); 0 = not armed.
+    pub limit: u32,
+}
+
+impl Srq {
+    /// Take the next receive; `Some(event)` if that crossed the armed limit.
+    pub fn take(&mut self, h: SrqHandle) -> (Option<RecvWr>, Option<AsyncEvent>) {
+        let r = self.queue.pop_front();
+        let mut event = None;
+        if r.is_some() && self.limit > 0 && (self.queue.len() as u32) < self.limit {
+            self.limit = 0;
+            event = Some(AsyncEvent::SrqLimitReached(h));
+        }
+        (r, event)
+    }
+}
