@@ -53,6 +53,7 @@ pub(crate) struct EngineState {
     pub start: Instant,
     pub cqs: HashMap<CqHandle, Sender<Completion>>,
     pub tap: Option<Sender<TapEvent>>,
+    pub events: Option<Sender<rnic_core::srq::AsyncEvent>>,
     pub stop: bool,
 }
 
@@ -111,6 +112,7 @@ impl Engine {
                     start: Instant::now(),
                     cqs: HashMap::new(),
                     tap: None,
+                    events: None,
                     stop: false,
                 };
                 run(state, socket, job_rx, wake_engine, addr);
@@ -215,6 +217,11 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
                         let _ = tx.send(c);
                     }
                 }
+            }
+        }
+        while let Some(e) = st.nic.poll_async_event() {
+            if let Some(tx) = &st.events {
+                let _ = tx.send(e);
             }
         }
         if busy {

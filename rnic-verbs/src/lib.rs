@@ -33,9 +33,13 @@ use crossbeam_channel::Receiver;
 use rnic_core::cq::CqHandle;
 pub use rnic_core::mem::Access;
 use rnic_core::mem::PdHandle;
-pub use rnic_core::qp::Mtu;
-use rnic_core::qp::{AddressVector, QpAttr, QpState, QpType};
-pub use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use rnic_core::qp::{AddressVector, QpAttr, QpState};
+pub use rnic_core::qp::{Mtu, QpType};
+pub use rnic_core::srq::AsyncEvent;
+use rnic_core::srq::SrqHandle;
+pub use rnic_core::wr::{
+    Completion, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, GRH_LEN,
+};
 pub use rnic_core::{DeviceAttr, QpCaps, VerbError, DEVICE_ATTR};
 
 pub use engine::TapEvent;
@@ -154,6 +158,13 @@ impl Device {
         Ok(rx)
     }
 
+    /// Asynchronous events (`ibv_get_async_event`) from now on.
+    pub fn async_events(&self) -> Result<Receiver<AsyncEvent>> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.engine.call(move |st| st.events = Some(tx))?;
+        Ok(rx)
+    }
+
     /// The NIC's counters.
     pub fn counters(&self) -> Result<rnic_core::Counters> {
         Ok(self.engine.call(|st| st.nic.counters())?)
@@ -219,15 +230,51 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         caps: QpCaps,
     ) -> Result<QueuePair> {
+        self.create_qp(QpType::Rc, send_cq, recv_cq, caps, None)
+    }
+
+    /// Create a queue pair of any type (`ibv_create_qp`), taking its receives
+    /// from `srq` if one is given.
+    pub fn create_qp(
+        &self,
+        qp_type: QpType,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        caps: QpCaps,
+        srq: Option<&SharedReceiveQueue>,
+    ) -> Result<QueuePair> {
         let (pd, s, r) = (self.pd, send_cq.cq, recv_cq.cq);
+        let srq = srq.map(|q| q.srq);
         let qpn = self
             .dev
-            .call(move |st| st.nic.create_qp(pd, QpType::Rc, s, r, caps))??;
+            .call(move |st| -> std::result::Result<u32, VerbError> {
+                let qpn = st.nic.create_qp(pd, qp_type, s, r, caps)?;
+                if let Some(h) = srq {
+                    st.nic.attach_srq(qpn, h)?;
+                }
+                Ok(qpn)
+            })??;
         Ok(QueuePair {
             dev: self.dev.clone(),
             qpn,
             sq_psn: rand_psn(qpn),
         })
+    }
+
+    /// A shared receive queue of `max_wr` receives of up to `max_sge` entries.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        let srq = self
+            .dev
+            .call(move |st| st.nic.create_srq(max_wr, max_sge))??;
+        Ok(SharedReceiveQueue {
+            dev: self.dev.clone(),
+            srq,
+        })
+    }
+
+    /// An address handle for UD sends to `dest` (`ibv_create_ah`).
+    pub fn create_ah(&self, dest: IpAddr) -> AddressHandle {
+        AddressHandle { dest }
     }
 }
 
@@ -305,6 +352,36 @@ impl Drop for MemoryRegion {
             let _ = st.nic.dereg_mr(lkey);
         }));
     }
+}
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct SharedReceiveQueue {
+    dev: Device,
+    srq: SrqHandle,
+}
+
+impl SharedReceiveQueue {
+    /// Post a receive (`ibv_post_srq_recv`).
+    pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
+        let srq = self.srq;
+        self.dev.call(move |st| st.nic.post_srq_recv(srq, wr))??;
+        Ok(())
+    }
+    /// Raise `AsyncEvent::SrqLimitReached` once, when fewer than `limit`
+    /// receives remain (`ibv_modify_srq` with IBV_SRQ_LIMIT).
+    pub fn arm(&self, limit: u32) -> Result<()> {
+        let srq = self.srq;
+        self.dev.call(move |st| st.nic.arm_srq(srq, limit))??;
+        Ok(())
+    }
+}
+
+/// Where UD sends go: a peer's address (`ibv_ah`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressHandle {
+    /// The peer's IP address (its GID).
+    pub dest: IpAddr,
 }
 
 /// A completion queue.
@@ -415,6 +492,42 @@ impl QueuePair {
         self.dev.call(move |st| {
             let now = st.now();
             st.nic.to_rts(now, qpn, &attr)
+        })??;
+        Ok(())
+    }
+
+    /// Bring a UD QP to RTS with Q_Key `qkey`, as ibv_ud_pingpong does.
+    pub fn ready_ud(&self, qkey: u32) -> Result<()> {
+        let qpn = self.qpn;
+        let attr = QpAttr {
+            qkey,
+            sq_psn: self.sq_psn,
+            ..QpAttr::default()
+        };
+        self.dev.call(move |st| {
+            let now = st.now();
+            st.nic.to_rts(now, qpn, &attr)
+        })??;
+        Ok(())
+    }
+
+    /// Post a UD send to QP `remote_qpn` with Q_Key `remote_qkey` at `ah`.
+    pub fn post_send_ud(
+        &self,
+        wr: SendWr,
+        ah: &AddressHandle,
+        remote_qpn: u32,
+        remote_qkey: u32,
+    ) -> Result<()> {
+        let qpn = self.qpn;
+        let to = UdDest {
+            dest: ah.dest,
+            qpn: remote_qpn,
+            qkey: remote_qkey,
+        };
+        self.dev.call(move |st| {
+            let now = st.now();
+            st.nic.post_send_ud(now, qpn, wr, to)
         })??;
         Ok(())
     }

@@ -241,3 +241,97 @@ fn capacities_beyond_the_device_are_refused() {
         Err(Error::Verb(VerbError::CapsTooLarge))
     ));
 }
+
+#[test]
+fn ud_over_udp() {
+    let a = Device::open_loopback().unwrap();
+    let b = Device::open_loopback().unwrap();
+    let (pda, pdb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (mra, mrb) = (
+        pda.register(8192, Access::LOCAL_WRITE).unwrap(),
+        pdb.register(8192, Access::LOCAL_WRITE).unwrap(),
+    );
+    let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let qa = pda
+        .create_qp(QpType::Ud, &cqa, &cqa, QpCaps::default(), None)
+        .unwrap();
+    let qb = pdb
+        .create_qp(QpType::Ud, &cqb, &cqb, QpCaps::default(), None)
+        .unwrap();
+    qa.ready_ud(0x1111_1111).unwrap();
+    qb.ready_ud(0x1111_1111).unwrap();
+    qb.post_recv(RecvWr {
+        wr_id: 5,
+        sg_list: vec![mrb.sge(0, 2048)],
+    })
+    .unwrap();
+    mra.write(0, b"datagram");
+    let ah = pda.create_ah(b.addr());
+    qa.post_send_ud(
+        wr(1, SendOp::Send { imm: None }, vec![mra.sge(0, 8)]),
+        &ah,
+        qb.qpn(),
+        0x1111_1111,
+    )
+    .unwrap();
+    assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
+    let r = cqb.wait(T).unwrap();
+    assert_eq!(
+        (r.wr_id, r.byte_len, r.src_qp),
+        (5, 8 + GRH_LEN as u32, Some(qa.qpn()))
+    );
+    let mut got = [0u8; 8];
+    mrb.read(GRH_LEN, &mut got);
+    assert_eq!(&got, b"datagram");
+}
+
+#[test]
+fn uc_and_an_srq_shared_by_two_qps() {
+    let a = Device::open_loopback().unwrap();
+    let b = Device::open_loopback().unwrap();
+    let (pda, pdb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let mra = pda.register(4096, Access::LOCAL_WRITE).unwrap();
+    let mrb = pdb.register(4096, Access::LOCAL_WRITE).unwrap();
+    let (cqa, cqb) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
+    let events = b.async_events().unwrap();
+    let srq = pdb.create_srq(8, 1).unwrap();
+    for id in 0..3 {
+        srq.post_recv(RecvWr {
+            wr_id: id,
+            sg_list: vec![mrb.sge(id as usize * 512, 512)],
+        })
+        .unwrap();
+    }
+    srq.arm(2).unwrap();
+    let o = ConnectOptions::default();
+    let mut pairs = Vec::new();
+    for t in [QpType::Uc, QpType::Rc] {
+        let qa = pda
+            .create_qp(t, &cqa, &cqa, QpCaps::default(), None)
+            .unwrap();
+        let qb = pdb
+            .create_qp(t, &cqb, &cqb, QpCaps::default(), Some(&srq))
+            .unwrap();
+        qa.connect(&qb.endpoint(), &o).unwrap();
+        qb.connect(&qa.endpoint(), &o).unwrap();
+        pairs.push((qa, qb));
+    }
+    for (i, (qa, _)) in pairs.iter().enumerate() {
+        qa.post_send(wr(
+            i as u64,
+            SendOp::Send { imm: None },
+            vec![mra.sge(0, 100)],
+        ))
+        .unwrap();
+        assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
+        let r = cqb.wait(T).unwrap();
+        assert_eq!(
+            (r.wr_id, r.qp_num, r.byte_len),
+            (i as u64, pairs[i].1.qpn(), 100)
+        );
+    }
+    assert!(matches!(
+        events.recv_timeout(T).unwrap(),
+        AsyncEvent::SrqLimitReached(_)
+    ));
+}
