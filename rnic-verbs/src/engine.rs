@@ -209,13 +209,10 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
             busy = true;
         }
         // Completions to the application's queues.
-        let handles: Vec<CqHandle> = st.cqs.keys().copied().collect();
-        for h in handles {
-            if let Ok(done) = st.nic.poll_cq(h, usize::MAX) {
-                if let Some(tx) = st.cqs.get(&h) {
-                    for c in done {
-                        let _ = tx.send(c);
-                    }
+        for (h, tx) in &st.cqs {
+            if let Ok(done) = st.nic.poll_cq(*h, usize::MAX) {
+                for c in done {
+                    let _ = tx.send(c);
                 }
             }
         }
