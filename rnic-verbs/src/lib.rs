@@ -22,6 +22,7 @@
 
 mod engine;
 mod memory;
+pub mod rendezvous;
 
 use core::fmt;
 use std::io;

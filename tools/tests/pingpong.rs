@@ -54,54 +54,62 @@ fn server_and_client_processes() {
 
 #[test]
 fn killed_peer_ends_in_retry_exceeded_within_the_bound() {
-    let port = (40_000 + std::process::id() % 20_000).to_string();
+    use rnic_verbs::*;
+
+    // The server is a real `rnic pingpong` process; the client is this test,
+    // through the library, so that it can post a SEND after the kill: RC
+    // notices a dead peer only through something it sent.
+    let port: u16 = 40_000 + (std::process::id() % 20_000) as u16;
     let mut server = Command::new(env!("CARGO_BIN_EXE_rnic"))
-        .args(["pingpong", "-p", &port, "-n", "100000000", "-s", "64"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the server");
-    let mut client = Command::new(env!("CARGO_BIN_EXE_rnic"))
         .args([
             "pingpong",
-            "127.0.0.1",
             "-p",
-            &port,
+            &port.to_string(),
             "-n",
             "100000000",
             "-s",
             "64",
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
-        .expect("start the client");
-    std::thread::sleep(Duration::from_millis(700));
+        .expect("start the server");
+    let dev = Device::open_loopback().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let remote =
+        rendezvous::connect_pingpong("127.0.0.1", port, &qp.endpoint(), Duration::from_secs(20));
+    let remote = match remote {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = server.kill();
+            panic!("no exchange with the server: {e}");
+        }
+    };
+    qp.connect(&remote, &ConnectOptions::default()).unwrap();
     server.kill().unwrap();
     let _ = server.wait();
-    let killed = Instant::now();
-    // timeout 14 (67.1 ms) x (retry_cnt 7 + 1) = 537 ms, plus scheduling.
-    let deadline = killed + Duration::from_secs(5);
-    let status = loop {
-        if let Some(s) = client.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = client.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let send = SendWr {
+        wr_id: 1,
+        op: SendOp::Send { imm: None },
+        sg_list: vec![mr.sge(0, 64)],
+        signaled: true,
+        solicited: false,
+        fence: false,
     };
-    let elapsed = killed.elapsed();
-    let out = client.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let posted = Instant::now();
+    qp.post_send(send).unwrap();
+    let c = cq
+        .wait(Duration::from_secs(10))
+        .expect("a completion, not silence");
+    let elapsed = posted.elapsed();
+    assert_eq!(c.status, WcStatus::RetryExcErr);
+    // timeout 14 (67.1 ms) x (retry_cnt 7 + 1) = 537 ms.
     assert!(
-        status.is_some_and(|s| !s.success()),
-        "the client should fail, not hang: {err}"
-    );
-    assert!(err.contains("IBV_WC_RETRY_EXC_ERR"), "{err}");
-    assert!(
-        elapsed >= Duration::from_millis(500),
+        elapsed >= Duration::from_millis(536),
         "gave up after {elapsed:?}, before 8 timeouts"
     );
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
 }
