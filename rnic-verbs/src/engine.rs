@@ -54,12 +54,27 @@ pub(crate) struct EngineState {
     pub cqs: HashMap<CqHandle, Sender<Completion>>,
     pub tap: Option<Sender<TapEvent>>,
     pub events: Option<Sender<rnic_core::srq::AsyncEvent>>,
+    pub capture: Option<crate::capture::Capture>,
     pub stop: bool,
 }
 
 impl EngineState {
     pub fn now(&self) -> Time {
         Time(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Show a packet sent or received to the tap and the capture file, if any.
+    fn observe(&self, sent: bool, now: Time, d: &Datagram) {
+        if let Some(tap) = &self.tap {
+            let _ = tap.send(TapEvent {
+                sent,
+                at: now - Time::ZERO,
+                datagram: d.clone(),
+            });
+        }
+        if let Some(c) = &self.capture {
+            c.record(sent, d);
+        }
     }
 }
 
@@ -98,6 +113,7 @@ impl Engine {
     /// Bind `addr`:4791 and start the engine thread.
     pub fn start(addr: IpAddr, seed: u64) -> io::Result<Engine> {
         let socket = open_socket(addr)?;
+        crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let wake_engine = wake.try_clone()?;
         let (jobs, job_rx) = crossbeam_channel::unbounded::<Job>();
@@ -113,6 +129,7 @@ impl Engine {
                     cqs: HashMap::new(),
                     tap: None,
                     events: None,
+                    capture: None,
                     stop: false,
                 };
                 run(state, socket, job_rx, wake_engine, addr);
@@ -156,6 +173,7 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        crate::capture::unregister_local(self.addr);
     }
 }
 
@@ -178,13 +196,7 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
                         payload: buf[..n].to_vec(),
                     };
                     let now = st.now();
-                    if let Some(tap) = &st.tap {
-                        let _ = tap.send(TapEvent {
-                            sent: false,
-                            at: now - Time::ZERO,
-                            datagram: d.clone(),
-                        });
-                    }
+                    st.observe(false, now, &d);
                     st.nic.handle_datagram(now, &d);
                     busy = true;
                 }
@@ -198,13 +210,7 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
             st.nic.handle_timeout(now);
         }
         while let Some(d) = st.nic.poll_transmit() {
-            if let Some(tap) = &st.tap {
-                let _ = tap.send(TapEvent {
-                    sent: true,
-                    at: now - Time::ZERO,
-                    datagram: d.clone(),
-                });
-            }
+            st.observe(true, now, &d);
             let _ = socket.send_to(&d.payload, SocketAddr::new(d.dst, ROCE_PORT));
             busy = true;
         }

@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+mod capture;
 mod engine;
 mod memory;
 pub mod rendezvous;
@@ -116,9 +117,21 @@ impl Device {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0)
             ^ u64::from(std::process::id()) << 32;
-        Ok(Device {
+        let dev = Device {
             engine: Arc::new(Engine::start(addr, seed)?),
-        })
+        };
+        if let Some(path) = std::env::var_os("RNIC_PCAP") {
+            dev.capture(std::path::Path::new(&path))?;
+        }
+        Ok(dev)
+    }
+
+    /// Record every packet of this device in the pcap file at `path` (devices
+    /// of one process share a file; `RNIC_PCAP` does this for every device).
+    pub fn capture(&self, path: &std::path::Path) -> Result<()> {
+        let c = capture::Capture::open(path)?;
+        self.engine.call(move |st| st.capture = Some(c))?;
+        Ok(())
     }
 
     /// Open a NIC on the first loopback address whose port 4791 is free

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use rnic_verbs::*;
 use rnic_wire::aeth::Syndrome;
-use rnic_wire::pcap::PcapWriter;
 use rnic_wire::IbPacket;
 
 const T: Duration = Duration::from_secs(5);
@@ -40,26 +39,21 @@ fn nic() -> Result<Nic> {
     })
 }
 
-/// Prints what a tap saw, and keeps it for the capture file.
+/// Prints what a tap saw.
 struct Wire {
     tap: TapReceiver,
     a: std::net::IpAddr,
-    pcap: Option<PcapWriter<std::fs::File>>,
     packets: usize,
 }
 
 impl Wire {
     fn show(&mut self, out: &mut impl Write) -> io::Result<()> {
-        // Give the last ACK time to be seen.
+        // Everything of a step was tapped before its completion was delivered
+        // (the engine taps a packet as it sends or receives it); the pause
+        // only lets a step's trailing ACK be printed with its step.
         std::thread::sleep(Duration::from_millis(5));
         while let Ok(ev) = self.tap.try_recv() {
             self.packets += 1;
-            if let Some(p) = &mut self.pcap {
-                p.write_packet(
-                    ev.at.as_nanos() as u64,
-                    &rnic_core::sim::frame_of(&ev.datagram),
-                )?;
-            }
             let d = &ev.datagram;
             let dir = if d.src == self.a { "A > B" } else { "B > A" };
             let Ok(p) = IbPacket::new_checked(&d.payload[..]) else {
@@ -153,13 +147,13 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     let opts = ConnectOptions::default();
     a.qp.connect(&b.qp.endpoint(), &opts)?;
     b.qp.connect(&a.qp.endpoint(), &opts)?;
+    if let Some(p) = pcap {
+        a.dev.capture(p)?;
+        b.dev.capture(p)?;
+    }
     let mut wire = Wire {
         tap: a.dev.tap()?,
         a: a.dev.addr(),
-        pcap: match pcap {
-            Some(p) => Some(PcapWriter::new(std::fs::File::create(p)?, 1)?),
-            None => None,
-        },
         packets: 0,
     };
     let mut failures = Vec::new();

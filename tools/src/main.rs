@@ -23,8 +23,9 @@ enum Command {
     /// Two software NICs in this process, on loopback: one of each RDMA
     /// operation, told step by step, with the packets on the wire.
     Demo {
-        /// Also write the packets to this pcap file (or set RNIC_PCAP).
-        #[arg(long, env = "RNIC_PCAP")]
+        /// Also write the packets to this pcap file (RNIC_PCAP=FILE does the
+        /// same for any program using rnic).
+        #[arg(long)]
         pcap: Option<PathBuf>,
     },
     /// Bandwidth or latency of RDMA operations between two rnic NICs on

@@ -62,3 +62,26 @@ fn devinfo_describes_the_device() {
         assert!(text.contains(field), "missing {field:?} in\n{text}");
     }
 }
+
+#[test]
+fn rnic_pcap_records_every_device() {
+    let pcap = std::env::temp_dir().join(format!("rnic-env-{}.pcap", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .arg("demo")
+        .env("RNIC_PCAP", &pcap)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let check = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["dump", "--check", "-q"])
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let summary = String::from_utf8_lossy(&check.stdout);
+    // Both devices recorded into one file, each packet once.
+    assert!(
+        summary.contains("16 RoCE v2 packets, 0 ICRC failures"),
+        "{summary}"
+    );
+}
