@@ -63,8 +63,26 @@ impl EngineState {
         Time(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// Show a packet sent or received to the tap and the capture file, if any.
+    /// Show a packet sent or received to the tap, the capture file and the
+    /// trace log, if any.
     fn observe(&self, sent: bool, now: Time, d: &Datagram) {
+        if tracing::enabled!(tracing::Level::TRACE) {
+            match rnic_wire::IbPacket::new_checked(&d.payload[..]) {
+                Ok(p) => tracing::trace!(
+                    dir = if sent { "tx" } else { "rx" },
+                    src = %d.src,
+                    dst = %d.dst,
+                    opcode = p.info().name,
+                    qpn = p.bth().dest_qp(),
+                    psn = p.bth().psn().value(),
+                    bytes = d.payload.len(),
+                    "packet"
+                ),
+                Err(e) => {
+                    tracing::trace!(dir = if sent { "tx" } else { "rx" }, src = %d.src, error = %e, "unparsable packet")
+                }
+            }
+        }
         if let Some(tap) = &self.tap {
             let _ = tap.send(TapEvent {
                 sent,
@@ -120,6 +138,9 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name(format!("rnic-engine-{addr}"))
             .spawn(move || {
+                let span = tracing::info_span!("rnic_engine", %addr);
+                let _entered = span.enter();
+                tracing::debug!("engine started on UDP port {ROCE_PORT}");
                 let mut nic = Nic::new(addr, seed);
                 // One socket sends everything, from port 4791.
                 nic.set_udp_source_port(Some(ROCE_PORT));

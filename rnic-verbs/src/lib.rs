@@ -268,6 +268,7 @@ impl ProtectionDomain {
                 }
                 Ok(qpn)
             })??;
+        tracing::debug!(device = %self.dev.addr(), qpn, ?qp_type, "queue pair created");
         Ok(QueuePair {
             dev: self.dev.clone(),
             qpn,
@@ -507,6 +508,7 @@ impl QueuePair {
             let now = st.now();
             st.nic.to_rts(now, qpn, &attr)
         })??;
+        tracing::debug!(device = %self.dev.addr(), qpn, remote = %remote.addr, remote_qpn = remote.qpn, "queue pair connected");
         Ok(())
     }
 

@@ -92,6 +92,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RNIC_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(io::stderr)
+            .init();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Perf {
