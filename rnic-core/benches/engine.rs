@@ -127,6 +127,7 @@ fn run(send: bool, size: u32, n: u64) -> f64 {
                 signaled: wr_id % 64 == 63,
                 solicited: false,
                 fence: false,
+                inline: None,
             };
             s.nics[0].post_send(now, s.qpn[0], wr).unwrap();
             wr_id += 1;

@@ -114,6 +114,11 @@ pub enum VerbError {
     MessageTooLong(u64),
     /// Queue capacities beyond the device's (see [`DEVICE_ATTR`]).
     CapsTooLarge,
+    /// Inline data on an operation that takes none, or more than the device allows.
+    BadInline {
+        /// Bytes given.
+        len: usize,
+    },
 }
 
 impl fmt::Display for VerbError {
@@ -131,6 +136,11 @@ impl fmt::Display for VerbError {
             VerbError::BadAtomicSge => f.write_str("an atomic needs one 8-byte local SGE"),
             VerbError::BadState(s) => write!(f, "not allowed in state {s}"),
             VerbError::MessageTooLong(n) => write!(f, "message of {n} bytes exceeds 2^31"),
+            VerbError::BadInline { len } => write!(
+                f,
+                "{len} bytes of inline data: SEND and WRITE only, at most {}",
+                DEVICE_ATTR.max_inline_data
+            ),
             VerbError::CapsTooLarge => write!(
                 f,
                 "queue capacities exceed the device's ({} work requests, {} SGEs, {} CQEs)",
@@ -166,6 +176,8 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u8,
     /// The largest message.
     pub max_msg_sz: u32,
+    /// The most inline data a send may carry.
+    pub max_inline_data: u32,
 }
 
 /// rnic's device attributes.
@@ -177,7 +189,21 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_qp_rd_atom: 128,
     max_qp_init_rd_atom: 128,
     max_msg_sz: 1 << 31,
+    max_inline_data: 256,
 };
+
+/// Inline data only on SEND and WRITE, and no more than the device takes.
+fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
+    match &wr.inline {
+        Some(data)
+            if !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. })
+                || data.len() > DEVICE_ATTR.max_inline_data as usize =>
+        {
+            Err(VerbError::BadInline { len: data.len() })
+        }
+        _ => Ok(()),
+    }
+}
 
 /// The first QP number, as on a fresh rdma_rxe device.
 const FIRST_QPN: u32 = 0x11;
@@ -543,7 +569,11 @@ impl Nic {
                 "READ and atomics on a UC queue pair",
             ));
         }
-        let len = sg_len(&wr.sg_list);
+        check_inline(&wr)?;
+        let len = match &wr.inline {
+            Some(data) => data.len() as u64,
+            None => sg_len(&wr.sg_list),
+        };
         if len > 1 << 31 {
             return Err(VerbError::MessageTooLong(len));
         }
@@ -593,6 +623,7 @@ impl Nic {
         if !matches!(wr.op, SendOp::Send { .. }) {
             return Err(VerbError::Unsupported("UD carries SENDs only"));
         }
+        check_inline(&wr)?;
         if wr.sg_list.len() > qp.caps.max_send_sge as usize {
             return Err(VerbError::TooManySge {
                 given: wr.sg_list.len(),

@@ -88,7 +88,15 @@ impl Qp {
                 let take = (len - offset).min(pmtu) as usize;
                 payload.resize(take, 0);
                 let pd = self.pd;
-                if gather(ctx.mem, pd, &self.sq[idx].wr.sg_list, offset, &mut payload).is_err() {
+                let gathered = match &self.sq[idx].wr.inline {
+                    Some(data) => {
+                        let at = offset as usize;
+                        payload.copy_from_slice(&data[at..at + take]);
+                        Ok(())
+                    }
+                    None => gather(ctx.mem, pd, &self.sq[idx].wr.sg_list, offset, &mut payload),
+                };
+                if gathered.is_err() {
                     self.scratch = payload;
                     self.fail_local(ctx, idx, WcStatus::LocProtErr);
                     return false;

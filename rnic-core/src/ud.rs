@@ -18,11 +18,21 @@ impl Qp {
         let SendOp::Send { imm } = wr.op else {
             return;
         };
-        let len = sg_len(&wr.sg_list) as usize;
+        let len = match &wr.inline {
+            Some(data) => data.len(),
+            None => sg_len(&wr.sg_list) as usize,
+        };
         let mut payload = vec![0u8; len];
+        let gathered = |payload: &mut [u8], ctx: &mut Ctx<'_>| match &wr.inline {
+            Some(data) => {
+                payload.copy_from_slice(data);
+                Ok(())
+            }
+            None => gather(ctx.mem, self.pd, &wr.sg_list, 0, payload),
+        };
         let status = if len > MAX_PAYLOAD {
             WcStatus::LocLenErr
-        } else if gather(ctx.mem, self.pd, &wr.sg_list, 0, &mut payload).is_err() {
+        } else if gathered(&mut payload, ctx).is_err() {
             WcStatus::LocProtErr
         } else {
             let opcode = if imm.is_some() {

@@ -103,6 +103,11 @@ pub struct SendWr {
     /// completed (so that a READ retried after a loss cannot see this request's
     /// writes).
     pub fence: bool,
+    /// IBV_SEND_INLINE: send these bytes, taken at post time, instead of
+    /// gathering `sg_list` (which is then ignored): no memory region is needed
+    /// and the buffer is free again as soon as the post returns. SEND and
+    /// WRITE only, at most `DEVICE_ATTR.max_inline_data` bytes.
+    pub inline: Option<Vec<u8>>,
 }
 
 /// Where a UD send goes (`ibv_send_wr.wr.ud`: the address handle, the remote

@@ -158,6 +158,7 @@ impl Pair {
                     signaled: true,
                     solicited: false,
                     fence,
+                    inline: None,
                 },
             )
             .unwrap();

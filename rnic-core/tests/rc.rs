@@ -340,3 +340,79 @@ fn lossy_link_still_delivers_exactly_once() {
         .count();
     assert_eq!(writes, 8, "each WRITE executed exactly once");
 }
+
+#[test]
+fn inline_data_needs_no_memory_region_and_survives_retransmission() {
+    let params = Params {
+        link: LinkConfig {
+            loss: 0.3,
+            duplicate: 0.1,
+            corrupt: 0.0,
+            delay: Duration::from_micros(5),
+            jitter: Duration::from_micros(10),
+        },
+        ..Params::default()
+    };
+    let mut p = Pair::new(12, &params);
+    let msg: Vec<u8> = (0..200u8).collect();
+    p.recv_b(1, 0, 256);
+    let rkey = p.b.mr.rkey;
+    let now = p.c.now;
+    let qpn = p.a.qpn;
+    for (id, op) in [
+        (1, SendOp::Send { imm: None }),
+        (
+            2,
+            SendOp::Write {
+                remote_addr: B_IOVA + 1000,
+                rkey,
+                imm: None,
+            },
+        ),
+    ] {
+        let wr = rnic_core::wr::SendWr {
+            wr_id: id,
+            op,
+            sg_list: vec![], // ignored: the bytes travel with the request
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: Some(msg.clone()),
+        };
+        p.c.nics[0].post_send(now, qpn, wr).unwrap();
+    }
+    p.run();
+    assert!(p
+        .completions(0)
+        .iter()
+        .all(|c| c.status == WcStatus::Success));
+    assert_eq!(p.completions(1)[0].byte_len, 200);
+    assert_eq!(p.read(1, 0, 200), msg);
+    assert_eq!(p.read(1, 1000, 200), msg);
+    // READ takes no inline data, and the device takes at most 256 bytes.
+    for (op, len) in [
+        (
+            SendOp::Read {
+                remote_addr: B_IOVA,
+                rkey,
+            },
+            8,
+        ),
+        (SendOp::Send { imm: None }, 257),
+    ] {
+        let wr = rnic_core::wr::SendWr {
+            wr_id: 9,
+            op,
+            sg_list: p.sge_a(0, 8),
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: Some(vec![0; len]),
+        };
+        let now = p.c.now;
+        assert!(matches!(
+            p.c.nics[0].post_send(now, qpn, wr),
+            Err(rnic_core::VerbError::BadInline { .. })
+        ));
+    }
+}

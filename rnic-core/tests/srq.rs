@@ -94,6 +94,7 @@ fn two_qps_share_one_receive_queue() {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: None,
         };
         let now = c.now;
         c.nics[0].post_send(now, qps[0][q], wr).unwrap();
@@ -128,6 +129,7 @@ fn two_qps_share_one_receive_queue() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     };
     let now = c.now;
     c.nics[0].post_send(now, qps[0][1], wr).unwrap();

@@ -117,6 +117,7 @@ fn read_and_atomics_are_refused_on_uc() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     };
     let qpn = p.a.qpn;
     assert!(matches!(

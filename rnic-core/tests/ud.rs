@@ -59,6 +59,7 @@ fn send(
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     };
     let now = c.now;
     c.nics[i].post_send_ud(now, from.qpn, wr, to)
@@ -236,6 +237,7 @@ fn ud_rules() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     };
     assert!(c.nics[0].post_send(now, a.qpn, wr.clone()).is_err());
     assert!(c.nics[0]

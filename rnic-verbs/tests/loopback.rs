@@ -51,6 +51,7 @@ fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     }
 }
 

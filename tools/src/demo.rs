@@ -129,6 +129,7 @@ fn wr(wr_id: u64, op: SendOp, sg: Sge) -> SendWr {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     }
 }
 

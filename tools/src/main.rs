@@ -175,6 +175,7 @@ fn main() -> ExitCode {
                 println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
                 println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
                 println!("\tmax_msg_sz:\t\t\t{:#x}", a.max_msg_sz);
+                println!("\tmax_inline_data:\t\t{}", a.max_inline_data);
                 println!("\tatomic_cap:\t\t\tATOMIC_HCA (1)");
                 println!("\t\tport:\t1");
                 println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");

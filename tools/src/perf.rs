@@ -109,6 +109,7 @@ fn wr(p: &Pair, op: Op, id: u64, size: u32) -> SendWr {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     }
 }
 

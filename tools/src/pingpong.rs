@@ -83,6 +83,7 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
             signaled: true,
             solicited: false,
             fence: false,
+            inline: None,
         })
     };
     let start = Instant::now();

@@ -98,6 +98,7 @@ fn killed_peer_ends_in_retry_exceeded_within_the_bound() {
         signaled: true,
         solicited: false,
         fence: false,
+        inline: None,
     };
     let posted = Instant::now();
     qp.post_send(send).unwrap();
