@@ -17,7 +17,7 @@ use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe};
 use crate::sim::Datagram;
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::time::Time;
-use crate::wr::{Completion, RecvWr, SendOp, SendWr, UdDest};
+use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, UdDest};
 
 /// Counters, named like rdma_rxe's hardware counters where one exists.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -191,6 +191,17 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_msg_sz: 1 << 31,
     max_inline_data: 256,
 };
+
+/// No more scatter/gather entries than the queue takes.
+fn check_sges(sg_list: &[Sge], max: u32) -> Result<(), VerbError> {
+    if sg_list.len() > max as usize {
+        return Err(VerbError::TooManySge {
+            given: sg_list.len(),
+            max,
+        });
+    }
+    Ok(())
+}
 
 /// Inline data only on SEND and WRITE, and no more than the device takes.
 fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
@@ -547,12 +558,7 @@ impl Nic {
     pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
-        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
-            return Err(VerbError::TooManySge {
-                given: wr.sg_list.len(),
-                max: qp.caps.max_send_sge,
-            });
-        }
+        check_sges(&wr.sg_list, qp.caps.max_send_sge)?;
         if qp.sq.len() >= qp.caps.max_send_wr as usize {
             return Err(VerbError::QueueFull);
         }
@@ -624,12 +630,7 @@ impl Nic {
             return Err(VerbError::Unsupported("UD carries SENDs only"));
         }
         check_inline(&wr)?;
-        if wr.sg_list.len() > qp.caps.max_send_sge as usize {
-            return Err(VerbError::TooManySge {
-                given: wr.sg_list.len(),
-                max: qp.caps.max_send_sge,
-            });
-        }
+        check_sges(&wr.sg_list, qp.caps.max_send_sge)?;
         match qp.state() {
             QpState::Rts => qp.post_ud(&mut ctx, wr, to),
             QpState::Err => qp.flush_one(&mut ctx, &wr),
@@ -659,12 +660,7 @@ impl Nic {
             .srqs
             .get_mut(srq.0 as usize)
             .ok_or(VerbError::Unsupported("no such SRQ"))?;
-        if wr.sg_list.len() > s.max_sge as usize {
-            return Err(VerbError::TooManySge {
-                given: wr.sg_list.len(),
-                max: s.max_sge,
-            });
-        }
+        check_sges(&wr.sg_list, s.max_sge)?;
         if s.queue.len() >= s.max_wr as usize {
             return Err(VerbError::QueueFull);
         }
@@ -715,12 +711,7 @@ impl Nic {
     pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
-        if wr.sg_list.len() > qp.caps.max_recv_sge as usize {
-            return Err(VerbError::TooManySge {
-                given: wr.sg_list.len(),
-                max: qp.caps.max_recv_sge,
-            });
-        }
+        check_sges(&wr.sg_list, qp.caps.max_recv_sge)?;
         if qp.srq.is_some() {
             return Err(VerbError::Unsupported(
                 "post_recv on a QP with an SRQ: post to the SRQ",
