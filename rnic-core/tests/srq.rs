@@ -82,7 +82,8 @@ fn two_qps_share_one_receive_queue() {
     }
     c.nics[1].arm_srq(srq, 2).unwrap();
 
-    let send = |c: &mut Cluster, q: usize, id: u64| {
+    // A 64-byte SEND from A's QP q; `send` also runs the cluster until idle.
+    let post = |c: &mut Cluster, q: usize, id: u64| {
         let wr = SendWr {
             wr_id: id,
             op: SendOp::Send { imm: None },
@@ -98,6 +99,9 @@ fn two_qps_share_one_receive_queue() {
         };
         let now = c.now;
         c.nics[0].post_send(now, qps[0][q], wr).unwrap();
+    };
+    let send = |c: &mut Cluster, q: usize, id: u64| {
+        post(c, q, id);
         assert!(c.run(c.now + Duration::from_secs(1), 10_000));
     };
     send(&mut c, 0, 1);
@@ -116,23 +120,9 @@ fn two_qps_share_one_receive_queue() {
     assert_eq!(c.nics[1].poll_async_event(), None);
     assert_eq!(c.nics[1].srq_len(srq), Some(1));
 
-    send(&mut c, 0, 3); // the last receive
-                        // The SRQ is empty: RNR NAKs until a receive is posted.
-    let wr = SendWr {
-        wr_id: 4,
-        op: SendOp::Send { imm: None },
-        sg_list: vec![Sge {
-            addr: 0x1000,
-            length: 64,
-            lkey: keys[0],
-        }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
-    let now = c.now;
-    c.nics[0].post_send(now, qps[0][1], wr).unwrap();
+    // The last receive; then the SRQ is empty: RNR NAKs until one is posted.
+    send(&mut c, 0, 3);
+    post(&mut c, 1, 4);
     let until = c.now + Duration::from_micros(200);
     c.run(until, 10_000);
     assert!(c.nics[1].counters().send_rnr_err >= 1);

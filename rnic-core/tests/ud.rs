@@ -65,6 +65,19 @@ fn send(
     c.nics[i].post_send_ud(now, from.qpn, wr, to)
 }
 
+/// A 2 KiB receive at the start of `to`'s region.
+fn post_recv(c: &mut Cluster, to: &Node, wr_id: u64) {
+    let sg_list = vec![Sge {
+        addr: 0x1000,
+        length: 2048,
+        lkey: to.lkey,
+    }];
+    let now = c.now;
+    c.nics[1]
+        .post_recv(now, to.qpn, RecvWr { wr_id, sg_list })
+        .unwrap();
+}
+
 fn setup(seed: u64) -> (Cluster, Node, Node, IpAddr, IpAddr) {
     let mut c = Cluster::new(seed, LinkConfig::perfect(Duration::from_micros(5)), 2);
     let a = node(&mut c, 0, QKEY);
@@ -77,21 +90,7 @@ fn setup(seed: u64) -> (Cluster, Node, Node, IpAddr, IpAddr) {
 fn datagram_with_immediate_and_the_grh_area() {
     let (mut c, a, b, aa, ba) = setup(61);
     c.net.record_pcap();
-    let now = c.now;
-    c.nics[1]
-        .post_recv(
-            now,
-            b.qpn,
-            RecvWr {
-                wr_id: 9,
-                sg_list: vec![Sge {
-                    addr: 0x1000,
-                    length: 2048,
-                    lkey: b.lkey,
-                }],
-            },
-        )
-        .unwrap();
+    post_recv(&mut c, &b, 9);
     send(
         &mut c,
         &a,
@@ -155,21 +154,7 @@ fn wrong_qkey_and_no_receive_are_dropped_silently() {
     assert_eq!(c.nics[1].counters().ud_dropped_no_recv, 1);
     assert_eq!(c.nics[1].counters().sent_pkts, 0);
     // A receive, but the wrong Q_Key.
-    let now = c.now;
-    c.nics[1]
-        .post_recv(
-            now,
-            b.qpn,
-            RecvWr {
-                wr_id: 9,
-                sg_list: vec![Sge {
-                    addr: 0x1000,
-                    length: 2048,
-                    lkey: b.lkey,
-                }],
-            },
-        )
-        .unwrap();
+    post_recv(&mut c, &b, 9);
     send(
         &mut c,
         &a,
