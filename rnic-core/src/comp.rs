@@ -221,9 +221,16 @@ impl Qp {
         let Some(i) = self.pending_wqe(psn) else {
             return;
         };
-        if !matches!(self.sq[i].wr.op, SendOp::Read { .. }) {
-            self.on_fatal_nak(ctx, psn, WcStatus::BadRespErr);
-            return;
+        match self.sq[i].wr.op {
+            SendOp::Read { .. } => {}
+            SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => {
+                self.on_empty_read_response(ctx, pkt, psn);
+                return;
+            }
+            _ => {
+                self.on_fatal_nak(ctx, psn, WcStatus::BadRespErr);
+                return;
+            }
         }
         let expected = self.sq[i].first_psn.add(self.sq[i].resp_done);
         if psn != expected {
@@ -263,6 +270,23 @@ impl Qp {
         if w.resp_done == w.npkts {
             w.status = Some(WcStatus::Success);
         }
+        self.progress(ctx);
+    }
+
+    /// ATOMIC_WRITE and FLUSH are answered by one READ response with no data.
+    fn on_empty_read_response(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
+        if !self.ack_before(ctx, psn) {
+            return;
+        }
+        let Some(i) = self.pending_wqe(psn) else {
+            return;
+        };
+        if !pkt.payload().is_empty() || pkt.info().position != rnic_wire::Position::Only {
+            self.fail_at(ctx, psn, WcStatus::BadRespErr);
+            return;
+        }
+        self.sq[i].status = Some(WcStatus::Success);
+        self.una = psn.next();
         self.progress(ctx);
     }
 

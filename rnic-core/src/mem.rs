@@ -28,7 +28,16 @@ impl Access {
     pub const REMOTE_READ: Access = Access(4);
     /// IBV_ACCESS_REMOTE_ATOMIC.
     pub const REMOTE_ATOMIC: Access = Access(8);
-    const ALL: u32 = 0xF;
+    /// IBV_ACCESS_MW_BIND: memory windows may be bound to the region.
+    pub const MW_BIND: Access = Access(0x10);
+    /// IBV_ACCESS_FLUSH_GLOBAL: an RDMA FLUSH may ask for global visibility.
+    pub const FLUSH_GLOBAL: Access = Access(0x100);
+    /// IBV_ACCESS_FLUSH_PERSISTENT: an RDMA FLUSH may ask for persistence
+    /// (only on memory that can persist, see [`Region::persist`]).
+    pub const FLUSH_PERSISTENT: Access = Access(0x200);
+    const ALL: u32 = 0x31F;
+    /// The rights a memory window can grant.
+    const WINDOW: u32 = 0xE;
 
     /// From `ibv_access_flags` bits; `None` if any bit is one rnic does not support.
     pub const fn from_bits(bits: u32) -> Option<Access> {
@@ -62,6 +71,9 @@ impl fmt::Display for Access {
             (Access::REMOTE_WRITE, "REMOTE_WRITE"),
             (Access::REMOTE_READ, "REMOTE_READ"),
             (Access::REMOTE_ATOMIC, "REMOTE_ATOMIC"),
+            (Access::MW_BIND, "MW_BIND"),
+            (Access::FLUSH_GLOBAL, "FLUSH_GLOBAL"),
+            (Access::FLUSH_PERSISTENT, "FLUSH_PERSISTENT"),
         ];
         let set: Vec<&str> = names
             .iter()
@@ -92,6 +104,20 @@ pub trait Region: Send {
     fn read(&self, offset: usize, out: &mut [u8]);
     /// Copy `data` to `offset` (in bounds: the caller checked).
     fn write(&mut self, offset: usize, data: &[u8]);
+    /// Whether this memory can be made persistent (a file or persistent
+    /// memory behind it): only then may it be registered with
+    /// FLUSH_PERSISTENT.
+    fn can_persist(&self) -> bool {
+        false
+    }
+    /// Make `len` bytes at `offset` persistent (an RDMA FLUSH asking for
+    /// persistence); false if that failed. Called only when
+    /// [`Region::can_persist`] is true. Global visibility needs nothing: every
+    /// write is visible once the engine has made it.
+    fn persist(&mut self, offset: usize, len: usize) -> bool {
+        let _ = (offset, len);
+        false
+    }
 }
 
 impl Region for Vec<u8> {
@@ -167,6 +193,23 @@ pub enum MemError {
         /// The address.
         va: u64,
     },
+    /// FLUSH_PERSISTENT on memory that cannot persist.
+    CannotPersist,
+    /// The region has memory windows bound to it: it stays until they are
+    /// invalidated or freed.
+    WindowsBound(u32),
+    /// A memory window operation that the window's state or the request forbids.
+    BadWindow {
+        /// The window's R_Key (or the key that named no window).
+        key: u32,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A type 2 memory window used through a QP it is not bound to.
+    WrongQp {
+        /// The key used.
+        key: u32,
+    },
 }
 
 impl fmt::Display for MemError {
@@ -205,6 +248,21 @@ impl fmt::Display for MemError {
             MemError::Misaligned { va } => {
                 write!(f, "atomic operation on {va:#x}, not 8-byte aligned")
             }
+            MemError::CannotPersist => {
+                f.write_str("FLUSH_PERSISTENT on memory that cannot be made persistent")
+            }
+            MemError::WindowsBound(k) => {
+                write!(f, "memory region {k:#010x} still has memory windows bound")
+            }
+            MemError::BadWindow { key, reason } => {
+                write!(f, "memory window {key:#010x}: {reason}")
+            }
+            MemError::WrongQp { key } => {
+                write!(
+                    f,
+                    "memory window {key:#010x} is bound to another queue pair"
+                )
+            }
         }
     }
 }
@@ -217,6 +275,46 @@ struct Mr {
     access: Access,
     key: u8,
     region: Box<dyn Region>,
+    /// Memory windows bound to it.
+    windows: u32,
+}
+
+/// A type 2 memory window (`ibv_alloc_mw(IBV_MW_TYPE_2)`): an R_Key for part
+/// of a region, bound to one QP by a BIND_MW work request and invalidated by
+/// LOCAL_INV or by the peer's SEND_WITH_INV.
+struct Mw {
+    pd: PdHandle,
+    key: u8,
+    bound: Option<Binding>,
+}
+
+#[derive(Clone, Copy)]
+struct Binding {
+    mr: usize,
+    addr: u64,
+    len: u64,
+    access: Access,
+    qpn: u32,
+}
+
+/// Window keys have this bit set in their index; region keys do not.
+const MW_INDEX: usize = 1 << 23;
+
+/// A BIND_MW work request's arguments (`ibv_mw_bind_info` and the new R_Key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MwBind {
+    /// The window's current R_Key.
+    pub mw_rkey: u32,
+    /// Its R_Key after the bind: the same index, a new low byte (`ibv_inc_rkey`).
+    pub new_rkey: u32,
+    /// Local key of the region the window opens.
+    pub mr_lkey: u32,
+    /// Start address (inside the region).
+    pub addr: u64,
+    /// Length in bytes (not zero).
+    pub length: u64,
+    /// Remote rights granted (REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
+    pub access: Access,
 }
 
 /// Where a checked access landed: a region and an offset in it.
@@ -240,9 +338,11 @@ impl Span {
 
 /// Protection domains and memory regions of one NIC.
 pub struct Memory {
-    pds: Vec<Option<u32>>, // per PD: how many MRs and QPs use it
+    pds: Vec<Option<u32>>, // per PD: how many MRs, MWs and QPs use it
     mrs: Vec<Option<Mr>>,
     last_key: Vec<u8>, // per MR index, the key of its last registration
+    mws: Vec<Option<Mw>>,
+    last_mw_key: Vec<u8>,
     rng: Rng,
 }
 
@@ -263,6 +363,8 @@ impl Memory {
             pds: Vec::new(),
             mrs: Vec::new(),
             last_key: Vec::new(),
+            mws: Vec::new(),
+            last_mw_key: Vec::new(),
             rng: Rng::new(seed ^ 0x6D65_6D6B_6579_7321),
         }
     }
@@ -326,13 +428,16 @@ impl Memory {
         {
             return Err(MemError::RemoteWriteNeedsLocalWrite);
         }
+        if access.contains(Access::FLUSH_PERSISTENT) && !region.can_persist() {
+            return Err(MemError::CannotPersist);
+        }
         let len = region.len() as u64;
         if iova.checked_add(len).is_none() {
             return Err(MemError::AddressOverflow { iova, len });
         }
         let index = match self.mrs.iter().position(Option::is_none) {
             Some(i) => i,
-            None if self.mrs.len() < (1 << 24) => {
+            None if self.mrs.len() < MW_INDEX => {
                 self.mrs.push(None);
                 self.last_key.push(0);
                 self.mrs.len() - 1
@@ -349,6 +454,7 @@ impl Memory {
             access,
             key,
             region,
+            windows: 0,
         });
         if let Some(Some(n)) = self.pds.get_mut(pd.0 as usize) {
             *n += 1;
@@ -363,6 +469,9 @@ impl Memory {
     pub fn deregister(&mut self, lkey: u32) -> Result<Box<dyn Region>, MemError> {
         let index = (lkey >> 8) as usize;
         match self.mrs.get(index) {
+            Some(Some(mr)) if mr.key == lkey as u8 && mr.windows > 0 => {
+                return Err(MemError::WindowsBound(lkey))
+            }
             Some(Some(mr)) if mr.key == lkey as u8 => {}
             _ => return Err(MemError::InvalidKey(lkey)),
         }
@@ -409,13 +518,263 @@ impl Memory {
         })
     }
 
-    /// As [`Memory::check`], for an 8-byte atomic, which must also be aligned.
-    pub fn check_atomic(&self, key: u32, pd: PdHandle, va: u64) -> Result<Span, MemError> {
-        let span = self.check(key, pd, va, 8, Access::REMOTE_ATOMIC)?;
+    /// Check a remote access: `key` is an R_Key from the wire naming a region
+    /// or a memory window, `pd` and `qpn` are those of the QP it arrived on.
+    pub fn check_remote(
+        &self,
+        key: u32,
+        pd: PdHandle,
+        qpn: u32,
+        va: u64,
+        len: u64,
+        needed: Access,
+    ) -> Result<Span, MemError> {
+        if (key >> 8) as usize & MW_INDEX == 0 {
+            return self.check(key, pd, va, len, needed);
+        }
+        let b = self.binding(key, pd, qpn)?;
+        if !b.access.contains(needed) {
+            return Err(MemError::NoPermission {
+                key,
+                needed,
+                granted: b.access,
+            });
+        }
+        let out = MemError::OutOfBounds { key, va, len };
+        let offset = va.checked_sub(b.addr).ok_or(out)?;
+        if offset.checked_add(len).ok_or(out)? > b.len {
+            return Err(out);
+        }
+        let mr = self.mrs.get(b.mr).and_then(Option::as_ref).ok_or(out)?;
+        Ok(Span {
+            index: b.mr,
+            offset: (va - mr.iova) as usize,
+            len: len as usize,
+        })
+    }
+
+    /// As [`Memory::check_remote`], for an 8-byte atomic (or ATOMIC_WRITE,
+    /// with `needed` REMOTE_WRITE), which must also be aligned.
+    pub fn check_atomic(
+        &self,
+        key: u32,
+        pd: PdHandle,
+        qpn: u32,
+        va: u64,
+        needed: Access,
+    ) -> Result<Span, MemError> {
+        let span = self.check_remote(key, pd, qpn, va, 8, needed)?;
         if va % 8 != 0 {
             return Err(MemError::Misaligned { va });
         }
         Ok(span)
+    }
+
+    /// The whole range an R_Key opens, as (start address, length): what a
+    /// FLUSH of a whole region covers.
+    pub fn extent(&self, key: u32, pd: PdHandle, qpn: u32) -> Result<(u64, u64), MemError> {
+        let index = (key >> 8) as usize;
+        if index & MW_INDEX != 0 {
+            let b = self.binding(key, pd, qpn)?;
+            return Ok((b.addr, b.len));
+        }
+        match self.mrs.get(index) {
+            Some(Some(mr)) if mr.key == key as u8 => Ok((mr.iova, mr.region.len() as u64)),
+            _ => Err(MemError::InvalidKey(key)),
+        }
+    }
+
+    /// Make a checked span persistent; false if the memory could not.
+    pub fn persist(&mut self, span: Span) -> bool {
+        match self.mrs.get_mut(span.index) {
+            Some(Some(mr)) if mr.region.can_persist() => mr.region.persist(span.offset, span.len),
+            _ => false,
+        }
+    }
+
+    fn binding(&self, key: u32, pd: PdHandle, qpn: u32) -> Result<Binding, MemError> {
+        let index = (key >> 8) as usize & !MW_INDEX;
+        let mw = match self.mws.get(index) {
+            Some(Some(mw)) if mw.key == key as u8 => mw,
+            _ => return Err(MemError::InvalidKey(key)),
+        };
+        let b = mw.bound.ok_or(MemError::InvalidKey(key))?;
+        if mw.pd != pd {
+            return Err(MemError::WrongPd { key });
+        }
+        if b.qpn != qpn {
+            return Err(MemError::WrongQp { key });
+        }
+        Ok(b)
+    }
+
+    /// Allocate a type 2 memory window in `pd`; returns its R_Key, valid only
+    /// once a BIND_MW has bound it.
+    pub fn alloc_mw(&mut self, pd: PdHandle) -> Result<u32, MemError> {
+        self.pd_acquire(pd)?;
+        let index = match self.mws.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if self.mws.len() < MW_INDEX => {
+                self.mws.push(None);
+                self.last_mw_key.push(0);
+                self.mws.len() - 1
+            }
+            None => {
+                self.pd_release(pd);
+                return Err(MemError::InvalidKey(u32::MAX));
+            }
+        };
+        let key = self.last_mw_key[index].wrapping_add(1 + self.rng.below(255) as u8);
+        self.last_mw_key[index] = key;
+        self.mws[index] = Some(Mw {
+            pd,
+            key,
+            bound: None,
+        });
+        Ok(((index | MW_INDEX) as u32) << 8 | u32::from(key))
+    }
+
+    /// Free a memory window (`ibv_dealloc_mw`); its key stops working at once.
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), MemError> {
+        let index = (rkey >> 8) as usize;
+        if index & MW_INDEX == 0 {
+            return Err(MemError::InvalidKey(rkey));
+        }
+        let slot = index & !MW_INDEX;
+        match self.mws.get(slot) {
+            Some(Some(mw)) if mw.key == rkey as u8 => {}
+            _ => return Err(MemError::InvalidKey(rkey)),
+        }
+        let mw = self.mws[slot].take().ok_or(MemError::InvalidKey(rkey))?;
+        self.unbind(&mw);
+        self.pd_release(mw.pd);
+        Ok(())
+    }
+
+    fn unbind(&mut self, mw: &Mw) {
+        if let Some(b) = mw.bound {
+            if let Some(Some(mr)) = self.mrs.get_mut(b.mr) {
+                mr.windows = mr.windows.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Bind a free type 2 window to part of a region, for QP `qpn` in `pd`
+    /// (a BIND_MW work request, IBTA 10.6.7). Returns the window's new R_Key.
+    pub fn bind_mw(&mut self, pd: PdHandle, qpn: u32, b: &MwBind) -> Result<u32, MemError> {
+        let key = b.mw_rkey;
+        let bad = |reason| MemError::BadWindow { key, reason };
+        let index = (key >> 8) as usize;
+        if index & MW_INDEX == 0 || (b.new_rkey >> 8) != (key >> 8) {
+            return Err(bad("the new R_Key must keep the window's index"));
+        }
+        let mw = match self.mws.get(index & !MW_INDEX) {
+            Some(Some(mw)) if mw.key == key as u8 => mw,
+            _ => return Err(MemError::InvalidKey(key)),
+        };
+        if mw.bound.is_some() {
+            return Err(bad(
+                "a type 2 window must be invalidated before it is bound again",
+            ));
+        }
+        if mw.pd != pd {
+            return Err(MemError::WrongPd { key });
+        }
+        if b.length == 0 {
+            return Err(bad("a type 2 window cannot be bound with length 0"));
+        }
+        if b.access.bits() & !Access::WINDOW != 0 {
+            return Err(MemError::UnsupportedAccess(b.access.bits()));
+        }
+        let mr_index = (b.mr_lkey >> 8) as usize;
+        let mr = match self.mrs.get(mr_index) {
+            Some(Some(mr)) if mr.key == b.mr_lkey as u8 => mr,
+            _ => return Err(MemError::InvalidKey(b.mr_lkey)),
+        };
+        if mr.pd != pd {
+            return Err(MemError::WrongPd { key: b.mr_lkey });
+        }
+        if !mr.access.contains(Access::MW_BIND) {
+            return Err(MemError::NoPermission {
+                key: b.mr_lkey,
+                needed: Access::MW_BIND,
+                granted: mr.access,
+            });
+        }
+        let writable =
+            b.access.contains(Access::REMOTE_WRITE) || b.access.contains(Access::REMOTE_ATOMIC);
+        if writable && !mr.access.contains(Access::LOCAL_WRITE) {
+            return Err(MemError::RemoteWriteNeedsLocalWrite);
+        }
+        let out = MemError::OutOfBounds {
+            key: b.mr_lkey,
+            va: b.addr,
+            len: b.length,
+        };
+        let offset = b.addr.checked_sub(mr.iova).ok_or(out)?;
+        if offset.checked_add(b.length).ok_or(out)? > mr.region.len() as u64 {
+            return Err(out);
+        }
+        if let Some(Some(mr)) = self.mrs.get_mut(mr_index) {
+            mr.windows += 1;
+        }
+        let new_key = b.new_rkey as u8;
+        self.last_mw_key[index & !MW_INDEX] = new_key;
+        if let Some(Some(mw)) = self.mws.get_mut(index & !MW_INDEX) {
+            mw.key = new_key;
+            mw.bound = Some(Binding {
+                mr: mr_index,
+                addr: b.addr,
+                len: b.length,
+                access: b.access,
+                qpn,
+            });
+        }
+        Ok(b.new_rkey)
+    }
+
+    /// Invalidate the window with R_Key `rkey`: LOCAL_INV on a QP in `pd`
+    /// (`remote_qpn` None), or the peer's SEND_WITH_INV arriving on QP
+    /// `remote_qpn`, which must be the one the window is bound to. Afterwards
+    /// the key opens nothing and the window is free to be bound again.
+    /// Regions registered by `ibv_reg_mr` cannot be invalidated.
+    pub fn invalidate(
+        &mut self,
+        rkey: u32,
+        pd: PdHandle,
+        remote_qpn: Option<u32>,
+    ) -> Result<(), MemError> {
+        let index = (rkey >> 8) as usize;
+        if index & MW_INDEX == 0 {
+            return Err(MemError::BadWindow {
+                key: rkey,
+                reason: "a memory region registered by reg_mr cannot be invalidated",
+            });
+        }
+        let slot = index & !MW_INDEX;
+        let mw = match self.mws.get(slot) {
+            Some(Some(mw)) if mw.key == rkey as u8 => mw,
+            _ => return Err(MemError::InvalidKey(rkey)),
+        };
+        let Some(b) = mw.bound else {
+            return Err(MemError::BadWindow {
+                key: rkey,
+                reason: "not bound",
+            });
+        };
+        if mw.pd != pd {
+            return Err(MemError::WrongPd { key: rkey });
+        }
+        if remote_qpn.is_some_and(|q| q != b.qpn) {
+            return Err(MemError::WrongQp { key: rkey });
+        }
+        if let Some(Some(mr)) = self.mrs.get_mut(b.mr) {
+            mr.windows = mr.windows.saturating_sub(1);
+        }
+        if let Some(Some(mw)) = self.mws.get_mut(slot) {
+            mw.bound = None;
+        }
+        Ok(())
     }
 
     /// Copy from a checked span. `out` must be `span.len()` bytes.
@@ -550,15 +909,17 @@ mod tests {
                 Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
             )
             .unwrap();
-        let s = m.check_atomic(k.rkey, pd, 0x2008).unwrap();
+        let s = m
+            .check_atomic(k.rkey, pd, 0, 0x2008, Access::REMOTE_ATOMIC)
+            .unwrap();
         m.write_u64(s, 0x1122_3344_5566_7788);
         assert_eq!(m.read_u64(s), 0x1122_3344_5566_7788);
         assert_eq!(
-            m.check_atomic(k.rkey, pd, 0x2004),
+            m.check_atomic(k.rkey, pd, 0, 0x2004, Access::REMOTE_ATOMIC),
             Err(MemError::Misaligned { va: 0x2004 })
         );
         assert!(matches!(
-            m.check_atomic(k.rkey, pd, 0x2040),
+            m.check_atomic(k.rkey, pd, 0, 0x2040, Access::REMOTE_ATOMIC),
             Err(MemError::OutOfBounds { .. })
         ));
     }
@@ -597,6 +958,126 @@ mod tests {
         };
         assert_ne!(keys(1), keys(2));
         assert_eq!(keys(3), keys(3));
+    }
+
+    #[test]
+    fn memory_windows() {
+        let mut m = Memory::new(4);
+        let pd = m.alloc_pd();
+        let other = m.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let no_bind = m.register(pd, 0x1000, Box::new(vec![0u8; 64]), rw).unwrap();
+        let k = m
+            .register(pd, 0x4000, Box::new(vec![0u8; 256]), rw | Access::MW_BIND)
+            .unwrap();
+        let mw = m.alloc_mw(pd).unwrap();
+        // Unbound, the key opens nothing.
+        assert_eq!(
+            m.check_remote(mw, pd, 7, 0x4000, 1, Access::REMOTE_READ),
+            Err(MemError::InvalidKey(mw))
+        );
+        let bind = |mr_lkey, addr, length, access| MwBind {
+            mw_rkey: mw,
+            new_rkey: (mw & !0xFF) | ((mw + 1) & 0xFF),
+            mr_lkey,
+            addr,
+            length,
+            access,
+        };
+        let wr = Access::REMOTE_WRITE;
+        assert!(matches!(
+            m.bind_mw(pd, 7, &bind(no_bind.lkey, 0x1000, 8, wr)),
+            Err(MemError::NoPermission { .. })
+        ));
+        assert!(matches!(
+            m.bind_mw(pd, 7, &bind(k.lkey, 0x40F8, 16, wr)),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            m.bind_mw(pd, 7, &bind(k.lkey, 0x4000, 0, wr)),
+            Err(MemError::BadWindow { .. })
+        ));
+        assert_eq!(
+            m.bind_mw(other, 7, &bind(k.lkey, 0x4000, 8, wr)),
+            Err(MemError::WrongPd { key: mw })
+        );
+        let rkey = m.bind_mw(pd, 7, &bind(k.lkey, 0x4010, 32, wr)).unwrap();
+        assert_ne!(rkey, mw);
+        // The old key is dead; the new one opens exactly the window, for QP 7,
+        // with exactly the rights bound.
+        assert!(m
+            .check_remote(mw, pd, 7, 0x4010, 1, Access::REMOTE_WRITE)
+            .is_err());
+        let s = m
+            .check_remote(rkey, pd, 7, 0x4010, 32, Access::REMOTE_WRITE)
+            .unwrap();
+        m.write(s, &[9; 32]);
+        let mut out = [0u8; 2];
+        let s = m.check(k.lkey, pd, 0x400F, 2, Access::NONE).unwrap();
+        m.read(s, &mut out);
+        assert_eq!(
+            out,
+            [0, 9],
+            "the window starts at its address in the region"
+        );
+        assert!(matches!(
+            m.check_remote(rkey, pd, 7, 0x4010, 33, Access::REMOTE_WRITE),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            m.check_remote(rkey, pd, 7, 0x4010, 1, Access::REMOTE_READ),
+            Err(MemError::NoPermission { .. })
+        ));
+        assert_eq!(
+            m.check_remote(rkey, pd, 8, 0x4010, 1, Access::REMOTE_WRITE),
+            Err(MemError::WrongQp { key: rkey })
+        );
+        assert_eq!(m.extent(rkey, pd, 7), Ok((0x4010, 32)));
+        // Bound again before invalidation: refused. The region cannot go while
+        // the window is bound.
+        assert!(m.bind_mw(pd, 7, &bind(k.lkey, 0x4000, 8, wr)).is_err());
+        assert_eq!(
+            m.deregister(k.lkey).err(),
+            Some(MemError::WindowsBound(k.lkey))
+        );
+        // Remote invalidation only from the QP it is bound to.
+        assert_eq!(
+            m.invalidate(rkey, pd, Some(8)),
+            Err(MemError::WrongQp { key: rkey })
+        );
+        assert!(matches!(
+            m.invalidate(k.rkey, pd, None),
+            Err(MemError::BadWindow { .. })
+        ));
+        m.invalidate(rkey, pd, Some(7)).unwrap();
+        assert_eq!(
+            m.check_remote(rkey, pd, 7, 0x4010, 1, Access::REMOTE_WRITE),
+            Err(MemError::InvalidKey(rkey))
+        );
+        assert!(matches!(
+            m.invalidate(rkey, pd, None),
+            Err(MemError::BadWindow { .. })
+        ));
+        m.deregister(k.lkey).unwrap();
+        assert_eq!(m.dealloc_pd(pd), Err(MemError::PdBusy(pd)));
+        m.dealloc_mw(rkey).unwrap();
+        assert!(m.dealloc_mw(rkey).is_err());
+        m.deregister(no_bind.lkey).unwrap();
+        assert_eq!(m.dealloc_pd(pd), Ok(()));
+    }
+
+    #[test]
+    fn persistence_needs_memory_that_persists() {
+        let mut m = Memory::new(5);
+        let pd = m.alloc_pd();
+        assert_eq!(
+            m.register(pd, 0, Box::new(vec![0u8; 8]), Access::FLUSH_PERSISTENT)
+                .unwrap_err(),
+            MemError::CannotPersist
+        );
+        assert!(m
+            .register(pd, 0, Box::new(vec![0u8; 8]), Access::FLUSH_GLOBAL)
+            .is_ok());
     }
 
     proptest! {

@@ -207,8 +207,10 @@ fn check_sges(sg_list: &[Sge], max: u32) -> Result<(), VerbError> {
 fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
     match &wr.inline {
         Some(data)
-            if !matches!(wr.op, SendOp::Send { .. } | SendOp::Write { .. })
-                || data.len() > DEVICE_ATTR.max_inline_data as usize =>
+            if !matches!(
+                wr.op,
+                SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
+            ) || data.len() > DEVICE_ATTR.max_inline_data as usize =>
         {
             Err(VerbError::BadInline { len: data.len() })
         }
@@ -443,6 +445,17 @@ impl Nic {
         Ok(self.mem.deregister(lkey)?)
     }
 
+    /// Allocate a type 2 memory window (`ibv_alloc_mw`); bind it with a
+    /// [`SendOp::BindMw`] work request.
+    pub fn alloc_mw(&mut self, pd: PdHandle) -> Result<u32, VerbError> {
+        Ok(self.mem.alloc_mw(pd)?)
+    }
+
+    /// Free a memory window (`ibv_dealloc_mw`), by its current R_Key.
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), VerbError> {
+        Ok(self.mem.dealloc_mw(rkey)?)
+    }
+
     /// Read `len` bytes of a region through its local key (for tests and tools).
     pub fn read_mr(
         &self,
@@ -553,8 +566,9 @@ impl Nic {
         Ok(())
     }
 
-    /// `ibv_post_send`. In the error state the request completes at once with
-    /// WR_FLUSH_ERR, as verbs specifies.
+    /// `ibv_post_send`. In the error state (and the send queue error state of
+    /// UC and UD) the request completes at once with WR_FLUSH_ERR, as verbs
+    /// specifies.
     pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -570,22 +584,31 @@ impl Nic {
                 "post_send on a UD queue pair: use post_send_ud",
             ));
         }
-        if qp.is_uc() && wr.op.is_read_or_atomic() {
+        if qp.is_uc() && (wr.op.is_read_or_atomic() || matches!(wr.op, SendOp::SendWithInv { .. }))
+        {
             return Err(VerbError::Unsupported(
-                "READ and atomics on a UC queue pair",
+                "READ, atomics, ATOMIC_WRITE, FLUSH and SEND_WITH_INV on a UC queue pair",
             ));
         }
         check_inline(&wr)?;
-        let len = match &wr.inline {
-            Some(data) => data.len() as u64,
-            None => sg_len(&wr.sg_list),
+        let len = match (&wr.inline, wr.op) {
+            (Some(data), _) => data.len() as u64,
+            (
+                None,
+                SendOp::Send { .. }
+                | SendOp::SendWithInv { .. }
+                | SendOp::Write { .. }
+                | SendOp::Read { .. },
+            ) => sg_len(&wr.sg_list),
+            // Their data is in the request itself, or there is none.
+            (None, _) => 0,
         };
         if len > 1 << 31 {
             return Err(VerbError::MessageTooLong(len));
         }
         match qp.state() {
             QpState::Rts | QpState::Sqd => {}
-            QpState::Err => {
+            QpState::Err | QpState::Sqe => {
                 qp.flush_one(&mut ctx, &wr);
                 return Ok(());
             }
@@ -593,7 +616,11 @@ impl Nic {
         }
         let pmtu = qp.pmtu();
         let npkts = match wr.op {
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+            SendOp::LocalInv { .. } | SendOp::BindMw(_) => 0,
+            SendOp::CompareSwap { .. }
+            | SendOp::FetchAdd { .. }
+            | SendOp::AtomicWrite { .. }
+            | SendOp::Flush { .. } => 1,
             _ => len.div_ceil(pmtu).max(1) as u32,
         };
         let first_psn = qp.sq_psn;
@@ -633,7 +660,7 @@ impl Nic {
         check_sges(&wr.sg_list, qp.caps.max_send_sge)?;
         match qp.state() {
             QpState::Rts => qp.post_ud(&mut ctx, wr, to),
-            QpState::Err => qp.flush_one(&mut ctx, &wr),
+            QpState::Err | QpState::Sqe => qp.flush_one(&mut ctx, &wr),
             s => return Err(VerbError::BadState(s)),
         }
         Ok(())

@@ -73,6 +73,13 @@ pub enum ExecKind {
         /// Whether this re-executed a duplicate request.
         duplicate: bool,
     },
+    /// A FLUSH of `len` bytes at `va` (the whole range it covered).
+    Flush {
+        /// Start address.
+        va: u64,
+        /// Length.
+        len: u64,
+    },
     /// An atomic, executed once; duplicates are answered from the cache.
     Atomic {
         /// Target address.
@@ -98,8 +105,9 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
+    /// The last PSN it occupies (a local operation occupies none: its first).
     pub fn last_psn(&self) -> Psn {
-        self.first_psn.add(self.npkts - 1)
+        self.first_psn.add(self.npkts.saturating_sub(1))
     }
     /// Whether `psn` is one of this request's PSNs.
     pub fn covers(&self, psn: Psn) -> bool {
@@ -129,8 +137,20 @@ pub(crate) enum InMsg {
 /// A READ or atomic the responder keeps for duplicates (max_dest_rd_atomic entries).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RdAtomic {
-    Read { psn: Psn, npkts: u32 },
-    Atomic { psn: Psn, orig: u64, msn: u32 },
+    Read {
+        psn: Psn,
+        npkts: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    /// ATOMIC_WRITE and FLUSH: answered by an empty READ response.
+    Placed {
+        psn: Psn,
+        msn: u32,
+    },
 }
 
 /// Queue pair capacities (`ibv_qp_cap`).
@@ -262,6 +282,7 @@ impl Qp {
             imm_data: None,
             qp_num: self.qpn,
             src_qp: None,
+            invalidated_rkey: None,
         }
     }
 
@@ -387,11 +408,22 @@ impl Qp {
                 imm_data: None,
                 qp_num: self.qpn,
                 src_qp: None,
+                invalidated_rkey: None,
             },
         );
     }
 
-    pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+    /// Send queue error (UC and UD, IBTA 10.3.1): a send request failed
+    /// before reaching the wire. It has its error completion; the requests
+    /// after it are flushed; the receive side goes on. `modify_qp` to RTS
+    /// resumes sending.
+    pub fn enter_sqe(&mut self, ctx: &mut Ctx<'_>) {
+        self.attr.qp_state = QpState::Sqe;
+        self.attr.cur_qp_state = QpState::Sqe;
+        self.flush_send(ctx);
+    }
+
+    fn flush_send(&mut self, ctx: &mut Ctx<'_>) {
         self.ack_deadline = None;
         self.rnr_until = None;
         for w in std::mem::take(&mut self.sq) {
@@ -402,6 +434,12 @@ impl Qp {
         }
         self.next_wqe = 0;
         self.next_pkt = 0;
+        self.una = self.sq_psn;
+        self.max_sent = self.sq_psn;
+    }
+
+    pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        self.flush_send(ctx);
         if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
             self.return_recv(ctx, recv);
         }
@@ -416,6 +454,7 @@ impl Qp {
                     imm_data: None,
                     qp_num: self.qpn,
                     src_qp: None,
+                    invalidated_rkey: None,
                 },
             );
         }

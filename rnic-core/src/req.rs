@@ -1,7 +1,7 @@
 //! The requester: send work requests to packets (PMTU segmentation, RETH on
 //! the first packet, AckReq on the last), and go-back-N.
 
-use rnic_wire::{atomic_eth, immdt, reth, IbRepr, Opcode, Psn};
+use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
 use crate::rc::{gather, Ctx, Qp, MAX_INFLIGHT_PKTS};
@@ -26,6 +26,12 @@ impl Qp {
                 break;
             }
             let w = &self.sq[self.next_wqe];
+            if w.status.is_some() {
+                // A local operation already done, passed over by go-back-N.
+                self.next_wqe += 1;
+                self.next_pkt = 0;
+                continue;
+            }
             if w.wr.fence && self.next_pkt == 0 {
                 let unfinished = self
                     .sq
@@ -47,7 +53,12 @@ impl Qp {
                     break;
                 }
             }
-            if !self.send_next_packet(ctx) {
+            let sent = if w.wr.op.is_local() {
+                self.exec_local(ctx)
+            } else {
+                self.send_next_packet(ctx)
+            };
+            if !sent {
                 break;
             }
         }
@@ -68,6 +79,39 @@ impl Qp {
         self.ack_deadline = local_ack_timeout(self.attr.timeout).map(|d| ctx.now + d);
     }
 
+    /// Carry out the local operation `sq[next_wqe]` (BIND_MW, LOCAL_INV) where
+    /// the send queue reaches it: requests before it have been sent, requests
+    /// after it are not. It completes in post order like any other. False if
+    /// it failed (the QP is then in the error state).
+    fn exec_local(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let idx = self.next_wqe;
+        let result = match self.sq[idx].wr.op {
+            SendOp::LocalInv { rkey } => ctx
+                .mem
+                .invalidate(rkey, self.pd, None)
+                .map_err(|_| WcStatus::LocQpOpErr),
+            SendOp::BindMw(b) => ctx
+                .mem
+                .bind_mw(self.pd, self.qpn, &b)
+                .map(|_| ())
+                .map_err(|_| WcStatus::MwBindErr),
+            _ => Err(WcStatus::LocQpOpErr),
+        };
+        match result {
+            Ok(()) => {
+                self.sq[idx].status = Some(WcStatus::Success);
+                self.next_wqe += 1;
+                self.next_pkt = 0;
+                self.complete_front(ctx);
+                true
+            }
+            Err(status) => {
+                self.fail_local(ctx, idx, status);
+                false
+            }
+        }
+    }
+
     /// Send the next packet of `sq[next_wqe]`; false if the request failed locally.
     fn send_next_packet(&mut self, ctx: &mut Ctx<'_>) -> bool {
         let pmtu = self.pmtu();
@@ -84,7 +128,12 @@ impl Qp {
         let mut payload = std::mem::take(&mut self.scratch);
         payload.clear();
         match op {
-            SendOp::Send { imm } | SendOp::Write { imm, .. } => {
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. } => {
+                let (imm, inv) = match op {
+                    SendOp::Send { imm } | SendOp::Write { imm, .. } => (imm, None),
+                    SendOp::SendWithInv { invalidate_rkey } => (None, Some(invalidate_rkey)),
+                    _ => (None, None),
+                };
                 let take = (len - offset).min(pmtu) as usize;
                 payload.resize(take, 0);
                 let pd = self.pd;
@@ -116,6 +165,11 @@ impl Qp {
                     (true, false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
                     (true, false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                 };
+                let opcode = match (inv, opcode) {
+                    (Some(_), Opcode::RC_SEND_ONLY) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+                    (Some(_), Opcode::RC_SEND_LAST) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+                    _ => opcode,
+                };
                 // UC opcodes are the RC ones in the UC transport (0x20 up).
                 let opcode = if self.is_uc() {
                     Opcode(opcode.0 | 0x20)
@@ -137,6 +191,7 @@ impl Qp {
                 }
                 if last {
                     ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
+                    ib.ieth = inv.map(|r_key| ieth::Repr { r_key });
                 }
                 ib.bth.solicited = last && solicited;
                 // UC has no acknowledgements to ask for.
@@ -182,6 +237,44 @@ impl Qp {
                 });
                 ib.bth.ack_req = true;
             }
+            SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                data,
+            } => {
+                ib = IbRepr::new(self.bth(Opcode::RC_ATOMIC_WRITE, psn));
+                ib.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    r_key: rkey,
+                    dma_length: 8,
+                });
+                payload.extend_from_slice(&data);
+                ib.payload_len = 8;
+                ib.bth.ack_req = true;
+            }
+            SendOp::Flush {
+                remote_addr,
+                rkey,
+                len,
+                placement,
+                whole_region,
+            } => {
+                ib = IbRepr::new(self.bth(Opcode::RC_FLUSH, psn));
+                ib.feth = Some(feth::Repr {
+                    sel: u8::from(whole_region),
+                    plt: placement,
+                });
+                ib.reth = Some(reth::Repr {
+                    va: remote_addr,
+                    r_key: rkey,
+                    dma_length: len,
+                });
+                ib.bth.ack_req = true;
+            }
+            SendOp::LocalInv { .. } | SendOp::BindMw(_) => {
+                self.scratch = payload;
+                return self.exec_local(ctx);
+            }
         }
         self.transmit(ctx, &ib, &payload);
         self.scratch = payload;
@@ -211,12 +304,17 @@ impl Qp {
     }
 
     /// A request failed before reaching the wire: it completes with `status`
-    /// and the QP enters the error state.
+    /// and the QP enters the error state (RC), or the send queue error state
+    /// (UC, whose receive side is independent of its send side).
     fn fail_local(&mut self, ctx: &mut Ctx<'_>, idx: usize, status: WcStatus) {
         self.sq[idx].status = Some(status);
         // Requests before it that are already acknowledged complete first.
         self.complete_front(ctx);
-        self.enter_error(ctx);
+        if self.is_uc() {
+            self.enter_sqe(ctx);
+        } else {
+            self.enter_error(ctx);
+        }
     }
 
     /// Go back to `psn`: resend from the request that holds it (go-back-N).

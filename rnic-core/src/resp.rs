@@ -32,7 +32,10 @@ impl From<MemError> for Refusal {
 impl Qp {
     /// A request packet arrived.
     pub(crate) fn resp_packet(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>) {
-        if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(
+            self.state(),
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
             return;
         }
         let psn = pkt.bth().psn();
@@ -81,6 +84,7 @@ impl Qp {
                             imm_data: None,
                             qp_num: self.qpn,
                             src_qp: None,
+                            invalidated_rkey: None,
                         },
                     );
                 }
@@ -168,6 +172,21 @@ impl Qp {
                     None => {}
                 }
             }
+            Operation::AtomicWrite | Operation::Flush => {
+                let saved = self.rd_atomic.iter().find_map(|e| match *e {
+                    RdAtomic::Placed { psn: p, msn } if p == psn => Some(msn),
+                    _ => None,
+                });
+                let again = !ctx.mechanisms.atomic_replay_cache
+                    && pkt.info().operation == Operation::AtomicWrite;
+                match saved {
+                    Some(_) if again => {
+                        let _ = self.exec_atomic_write(ctx, pkt, psn, true);
+                    }
+                    Some(msn) => self.empty_read_response(ctx, psn, msn),
+                    None => {}
+                }
+            }
             _ => {
                 if pkt.bth().ack_req() {
                     // Everything before `epsn` is done: say so again.
@@ -220,6 +239,8 @@ impl Qp {
             Operation::CompareSwap | Operation::FetchAdd => {
                 return self.execute_atomic(ctx, pkt, psn, false);
             }
+            Operation::AtomicWrite => return self.exec_atomic_write(ctx, pkt, psn, false),
+            Operation::Flush => return self.exec_flush(ctx, pkt, psn),
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
         self.epsn = psn.next();
@@ -275,21 +296,37 @@ impl Qp {
             else {
                 return Ok(());
             };
-            self.msn = self.msn.wrapping_add(1);
-            ctx.counters.rdma_recvs += 1;
-            self.log(ctx, first_psn, ExecKind::Send { data });
+            let invalidated_rkey = pkt.ieth().map(|i| i.r_key());
+            let mut status = WcStatus::Success;
+            if let Some(rkey) = invalidated_rkey {
+                // SEND_WITH_INV: the window must be this QP's (IBTA 10.6.7).
+                if ctx.mem.invalidate(rkey, self.pd, Some(self.qpn)).is_err() {
+                    // The data is in place; the receive completes in error
+                    // (the status rdma_rxe gives it) and the request is NAKed.
+                    status = WcStatus::RemInvReqErr;
+                }
+            }
+            if status == WcStatus::Success {
+                self.msn = self.msn.wrapping_add(1);
+                ctx.counters.rdma_recvs += 1;
+                self.log(ctx, first_psn, ExecKind::Send { data });
+            }
             ctx.complete(
                 self.recv_cq,
                 Completion {
                     wr_id: recv.wr_id,
-                    status: WcStatus::Success,
+                    status,
                     opcode: WcOpcode::Recv,
                     byte_len: offset as u32,
                     imm_data: pkt.immdt().map(|i| i.immediate()),
                     qp_num: self.qpn,
                     src_qp: None,
+                    invalidated_rkey,
                 },
             );
+            if status != WcStatus::Success {
+                return Err(Refusal::Nak(NakCode::InvalidRequest));
+            }
         }
         Ok(())
     }
@@ -313,8 +350,14 @@ impl Qp {
             let len = u64::from(r.dma_length());
             // A zero-length WRITE names no memory: its R_Key is not checked.
             if len > 0 {
-                ctx.mem
-                    .check(r.r_key(), self.pd, r.va(), len, Access::REMOTE_WRITE)?;
+                ctx.mem.check_remote(
+                    r.r_key(),
+                    self.pd,
+                    self.qpn,
+                    r.va(),
+                    len,
+                    Access::REMOTE_WRITE,
+                )?;
             }
             self.in_msg = Some(InMsg::Write {
                 va: r.va(),
@@ -342,9 +385,9 @@ impl Qp {
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
         if n > 0 {
-            let span = ctx
-                .mem
-                .check(*rkey, self.pd, *va, n, Access::REMOTE_WRITE)?;
+            let span =
+                ctx.mem
+                    .check_remote(*rkey, self.pd, self.qpn, *va, n, Access::REMOTE_WRITE)?;
             ctx.mem.write(span, payload);
         }
         *va = va.wrapping_add(n);
@@ -377,6 +420,7 @@ impl Qp {
                             imm_data: Some(imm.immediate()),
                             qp_num: self.qpn,
                             src_qp: None,
+                            invalidated_rkey: None,
                         },
                     );
                 }
@@ -400,7 +444,9 @@ impl Qp {
         let a = pkt
             .atomic_eth()
             .ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
-        let span = ctx.mem.check_atomic(a.r_key(), self.pd, a.va())?;
+        let span =
+            ctx.mem
+                .check_atomic(a.r_key(), self.pd, self.qpn, a.va(), Access::REMOTE_ATOMIC)?;
         let orig = ctx.mem.read_u64(span);
         let new = if pkt.info().operation == Operation::FetchAdd {
             orig.wrapping_add(a.swap_or_add_data())
@@ -431,6 +477,98 @@ impl Qp {
         Ok(())
     }
 
+    /// ATOMIC_WRITE: 8 bytes stored at once at an aligned address, answered
+    /// by an empty READ response and kept for duplicates, which are answered
+    /// again and never re-executed (`again` only with the replay cache off).
+    fn exec_atomic_write(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+        again: bool,
+    ) -> Result<(), Refusal> {
+        if !self.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let r = pkt.reth().ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
+        let data = pkt.payload();
+        if data.len() != 8 || r.dma_length() != 8 {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
+        let span =
+            ctx.mem
+                .check_atomic(r.r_key(), self.pd, self.qpn, r.va(), Access::REMOTE_WRITE)?;
+        ctx.mem.write(span, data);
+        let kind = ExecKind::Write {
+            va: r.va(),
+            data: data.to_vec(),
+        };
+        self.log(ctx, psn, kind);
+        self.placed(ctx, psn, again);
+        Ok(())
+    }
+
+    /// FLUSH (IBTA 1.5 memory placement extensions): every earlier request
+    /// has already been carried out into memory, so global visibility holds
+    /// as it arrives; persistence asks the memory to persist the range.
+    fn exec_flush(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        pkt: &IbPacket<&[u8]>,
+        psn: Psn,
+    ) -> Result<(), Refusal> {
+        let invalid = Refusal::Nak(NakCode::InvalidRequest);
+        let (Some(f), Some(r)) = (pkt.feth(), pkt.reth()) else {
+            return Err(invalid);
+        };
+        let mut needed = Access::NONE;
+        for (bit, right) in [(1, Access::FLUSH_GLOBAL), (2, Access::FLUSH_PERSISTENT)] {
+            if f.plt() & bit != 0 {
+                needed = needed | right;
+            }
+        }
+        if f.plt() & !3 != 0 || f.sel() > 1 || !self.attr.qp_access_flags.contains(needed) {
+            return Err(invalid);
+        }
+        let (va, len) = if f.sel() == 1 {
+            ctx.mem.extent(r.r_key(), self.pd, self.qpn)?
+        } else {
+            (r.va(), u64::from(r.dma_length()))
+        };
+        if len > 0 {
+            let span = ctx
+                .mem
+                .check_remote(r.r_key(), self.pd, self.qpn, va, len, needed)?;
+            if needed.contains(Access::FLUSH_PERSISTENT) && !ctx.mem.persist(span) {
+                return Err(Refusal::Nak(NakCode::RemoteOperationalError));
+            }
+        }
+        self.log(ctx, psn, ExecKind::Flush { va, len });
+        self.placed(ctx, psn, false);
+        Ok(())
+    }
+
+    /// ATOMIC_WRITE or FLUSH at `psn` is done: remember it and answer.
+    fn placed(&mut self, ctx: &mut Ctx<'_>, psn: Psn, again: bool) {
+        if !again {
+            self.msn = self.msn.wrapping_add(1);
+            self.epsn = psn.next();
+        }
+        let msn = self.msn;
+        self.remember(RdAtomic::Placed { psn, msn });
+        self.empty_read_response(ctx, psn, msn);
+    }
+
+    /// The answer to ATOMIC_WRITE and FLUSH: a READ response with no data.
+    fn empty_read_response(&self, ctx: &mut Ctx<'_>, psn: Psn, msn: u32) {
+        let mut ib = IbRepr::new(self.bth(Opcode::RC_RDMA_READ_RESPONSE_ONLY, psn));
+        ib.aeth = Some(aeth::Repr {
+            syndrome: self.ack_syndrome(ctx),
+            msn: msn & 0xFF_FFFF,
+        });
+        self.transmit(ctx, &ib, &[]);
+    }
+
     /// Send the READ responses for `len` bytes at `va`, from PSN `psn`; returns
     /// the number of response packets.
     fn read_reply(
@@ -444,7 +582,10 @@ impl Qp {
     ) -> Result<u32, Refusal> {
         let pmtu = self.pmtu();
         let span = if len > 0 {
-            Some(ctx.mem.check(rkey, self.pd, va, len, Access::REMOTE_READ)?)
+            Some(
+                ctx.mem
+                    .check_remote(rkey, self.pd, self.qpn, va, len, Access::REMOTE_READ)?,
+            )
         } else {
             None
         };

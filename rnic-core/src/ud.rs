@@ -44,8 +44,16 @@ impl Qp {
             self.sq_psn = psn.next();
             let mut ib = IbRepr::new(rnic_wire::bth::Repr::new(opcode, to.qpn, psn));
             ib.bth.solicited = wr.solicited;
+            // A Q_Key with its high bit set in the request means "the QP's
+            // own" (IBTA 10.2.5): an application cannot send a privileged
+            // Q_Key it was not given.
+            let q_key = if to.qkey & 0x8000_0000 != 0 {
+                self.attr.qkey
+            } else {
+                to.qkey
+            };
             ib.deth = Some(deth::Repr {
-                q_key: to.qkey,
+                q_key,
                 src_qp: self.qpn,
             });
             ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
@@ -64,8 +72,12 @@ impl Qp {
                     imm_data: None,
                     qp_num: self.qpn,
                     src_qp: None,
+                    invalidated_rkey: None,
                 },
             );
+        }
+        if status != WcStatus::Success {
+            self.enter_sqe(ctx);
         }
     }
 
@@ -78,7 +90,10 @@ impl Qp {
         src: IpAddr,
         dst: IpAddr,
     ) {
-        if !matches!(self.state(), QpState::Rtr | QpState::Rts | QpState::Sqd) {
+        if !matches!(
+            self.state(),
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
             return;
         }
         let Some(d) = pkt.deth() else { return };
@@ -116,6 +131,7 @@ impl Qp {
                 imm_data: pkt.immdt().map(|i| i.immediate()),
                 qp_num: self.qpn,
                 src_qp: Some(d.src_qp()),
+                invalidated_rkey: None,
             },
         );
     }

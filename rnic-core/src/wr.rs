@@ -3,6 +3,8 @@
 
 use core::fmt;
 
+use crate::mem::MwBind;
+
 /// A scatter/gather element: `length` bytes at `addr` in the region of `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sge {
@@ -21,6 +23,12 @@ pub enum SendOp {
     Send {
         /// Immediate data.
         imm: Option<u32>,
+    },
+    /// IBV_WR_SEND_WITH_INV: a SEND that, once delivered, invalidates the
+    /// peer's memory window `invalidate_rkey` (bound to the receiving QP). RC only.
+    SendWithInv {
+        /// The R_Key the responder invalidates.
+        invalidate_rkey: u32,
     },
     /// IBV_WR_RDMA_WRITE, or IBV_WR_RDMA_WRITE_WITH_IMM with `imm`.
     Write {
@@ -60,25 +68,74 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// IBV_WR_ATOMIC_WRITE (`ibv_wr_atomic_write`): store 8 bytes at an
+    /// 8-byte aligned remote address as one indivisible write. Needs
+    /// REMOTE_WRITE; no local buffer.
+    AtomicWrite {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// The bytes stored, as they are (`atomic_wire_buf`).
+        data: [u8; 8],
+    },
+    /// IBV_WR_FLUSH (`ibv_wr_flush`): make earlier writes to remote memory
+    /// globally visible or persistent before this completes. No local buffer.
+    Flush {
+        /// Remote address (ignored for a whole region).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Bytes (ignored for a whole region).
+        len: u32,
+        /// IBV_FLUSH_GLOBAL (1) and/or IBV_FLUSH_PERSISTENT (2).
+        placement: u8,
+        /// IBV_FLUSH_MR: the whole region the key names; else IBV_FLUSH_RANGE.
+        whole_region: bool,
+    },
+    /// IBV_WR_LOCAL_INV: invalidate a memory window of this QP's protection
+    /// domain, in send queue order. Nothing goes on the wire.
+    LocalInv {
+        /// The window's R_Key.
+        rkey: u32,
+    },
+    /// IBV_WR_BIND_MW: bind a type 2 memory window to this QP, in send queue
+    /// order. Nothing goes on the wire.
+    BindMw(MwBind),
 }
 
 impl SendOp {
     /// The completion opcode it produces.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send { .. } => WcOpcode::Send,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
             SendOp::Write { .. } => WcOpcode::RdmaWrite,
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
         }
     }
-    /// READ and the atomics: operations that wait for data from the responder.
+    /// Operations the responder answers with a response of their own (READ
+    /// responses, atomic ACKs, the empty READ response of ATOMIC_WRITE and
+    /// FLUSH) and keeps a responder resource for: limited by max_rd_atomic,
+    /// waited for by a fence.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }
+            SendOp::Read { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
+                | SendOp::Flush { .. }
         )
+    }
+    /// Operations done inside the NIC, with nothing on the wire.
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::LocalInv { .. } | SendOp::BindMw(_))
     }
     /// The atomics.
     pub const fn is_atomic(&self) -> bool {
@@ -161,6 +218,8 @@ pub enum WcStatus {
     RnrRetryExcErr,
     /// IBV_WC_BAD_RESP_ERR: a response that makes no sense.
     BadRespErr,
+    /// IBV_WC_MW_BIND_ERR: a BIND_MW the window, region or QP did not allow.
+    MwBindErr,
 }
 
 impl WcStatus {
@@ -178,6 +237,7 @@ impl WcStatus {
             WcStatus::RetryExcErr => "IBV_WC_RETRY_EXC_ERR",
             WcStatus::RnrRetryExcErr => "IBV_WC_RNR_RETRY_EXC_ERR",
             WcStatus::BadRespErr => "IBV_WC_BAD_RESP_ERR",
+            WcStatus::MwBindErr => "IBV_WC_MW_BIND_ERR",
         }
     }
 }
@@ -201,6 +261,14 @@ pub enum WcOpcode {
     CompSwap,
     /// IBV_WC_FETCH_ADD.
     FetchAdd,
+    /// IBV_WC_BIND_MW.
+    BindMw,
+    /// IBV_WC_LOCAL_INV.
+    LocalInv,
+    /// IBV_WC_FLUSH.
+    Flush,
+    /// IBV_WC_ATOMIC_WRITE.
+    AtomicWrite,
     /// IBV_WC_RECV.
     Recv,
     /// IBV_WC_RECV_RDMA_WITH_IMM.
@@ -216,6 +284,10 @@ impl WcOpcode {
             WcOpcode::RdmaRead => "IBV_WC_RDMA_READ",
             WcOpcode::CompSwap => "IBV_WC_COMP_SWAP",
             WcOpcode::FetchAdd => "IBV_WC_FETCH_ADD",
+            WcOpcode::BindMw => "IBV_WC_BIND_MW",
+            WcOpcode::LocalInv => "IBV_WC_LOCAL_INV",
+            WcOpcode::Flush => "IBV_WC_FLUSH",
+            WcOpcode::AtomicWrite => "IBV_WC_ATOMIC_WRITE",
             WcOpcode::Recv => "IBV_WC_RECV",
             WcOpcode::RecvRdmaWithImm => "IBV_WC_RECV_RDMA_WITH_IMM",
         }
@@ -245,4 +317,7 @@ pub struct Completion {
     pub qp_num: u32,
     /// UD receives: the sender's QP number (from the DETH).
     pub src_qp: Option<u32>,
+    /// Receives of a SEND_WITH_INV: the R_Key it invalidated
+    /// (IBV_WC_WITH_INV, `wc.invalidated_rkey`).
+    pub invalidated_rkey: Option<u32>,
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use common::*;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
+use rnic_core::mem::Access;
 use rnic_core::qp::Mtu;
 use rnic_core::sim::LinkConfig;
 use rnic_core::wr::{SendOp, WcStatus};
@@ -46,6 +47,14 @@ enum Op {
         dst: u64,
         add: u64,
     },
+    AtomicWrite {
+        dst: u64,
+        data: [u8; 8],
+    },
+    Flush {
+        dst: u64,
+        len: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,6 +74,8 @@ fn op() -> impl Strategy<Value = Op> {
             swap
         }),
         (0u64..64, any::<u64>()).prop_map(|(d, add)| Op::Add { dst: d * 8, add }),
+        (0u64..64, any::<[u8; 8]>()).prop_map(|(d, data)| Op::AtomicWrite { dst: d * 8, data }),
+        (0u64..90_000, 0u32..8192).prop_map(|(dst, len)| Op::Flush { dst, len }),
     ]
 }
 
@@ -95,10 +106,13 @@ fn check(
     ops: &[Op],
     mech: Mechanisms,
 ) -> Result<bool, TestCaseError> {
+    let d = Params::default();
     let params = Params {
         link,
         mtu,
-        ..Params::default()
+        b_access: d.b_access | Access::FLUSH_GLOBAL,
+        b_qp_access: d.b_qp_access | Access::FLUSH_GLOBAL,
+        ..d
     };
     let mut p = Pair::new(seed, &params);
     p.c.nics[1].set_mechanisms(mech);
@@ -128,7 +142,7 @@ fn check(
                 results.push(result_at);
                 result_at += 8;
             }
-            Op::Write { .. } => {}
+            Op::Write { .. } | Op::AtomicWrite { .. } | Op::Flush { .. } => {}
         }
     }
     prop_assume!(recv_at <= REGION as u64 && result_at <= REGION as u64);
@@ -234,6 +248,34 @@ fn check(
                     .copy_from_slice(&orig.wrapping_add(add).to_ne_bytes());
                 expect.push(Some((at, orig.to_ne_bytes().to_vec())));
             }
+            Op::AtomicWrite { dst, data } => {
+                p.post_fenced(
+                    id,
+                    SendOp::AtomicWrite {
+                        remote_addr: B_IOVA + dst,
+                        rkey,
+                        data,
+                    },
+                    Vec::new(),
+                    read_before,
+                );
+                model[dst as usize..dst as usize + 8].copy_from_slice(&data);
+                expect.push(None);
+            }
+            Op::Flush { dst, len } => {
+                p.post(
+                    id,
+                    SendOp::Flush {
+                        remote_addr: B_IOVA + dst,
+                        rkey,
+                        len,
+                        placement: 1,
+                        whole_region: false,
+                    },
+                    Vec::new(),
+                );
+                expect.push(None);
+            }
         }
     }
     p.run();
@@ -289,6 +331,8 @@ fn check(
                 | (ExecKind::Read { .. }, Op::Read { .. })
                 | (ExecKind::Send { .. }, Op::Send { .. })
                 | (ExecKind::Atomic { .. }, Op::Cas { .. } | Op::Add { .. })
+                | (ExecKind::Write { .. }, Op::AtomicWrite { .. })
+                | (ExecKind::Flush { .. }, Op::Flush { .. })
         );
         prop_assert!(same_kind, "executed {:?} where {:?} was next", e.kind, op);
     }

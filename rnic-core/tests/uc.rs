@@ -4,9 +4,9 @@
 mod common;
 
 use common::*;
-use rnic_core::qp::QpType;
+use rnic_core::qp::{AttrMask, QpAttr, QpState, QpType};
 use rnic_core::sim::DropRule;
-use rnic_core::wr::{SendOp, WcOpcode, WcStatus};
+use rnic_core::wr::{SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use rnic_core::VerbError;
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{Frame, LinkType, Opcode, Psn, Transport};
@@ -169,4 +169,67 @@ mod props {
             }
         }
     }
+}
+
+#[test]
+fn a_local_error_stops_the_send_queue_only_until_rts_again() {
+    let mut p = Pair::new(54, &uc());
+    let rkey_a = p.a.mr.rkey;
+    let mut bad = p.sge_a(0, 64);
+    bad[0].lkey ^= 0x80;
+    p.post(1, SendOp::Send { imm: None }, bad);
+    p.post(2, SendOp::Send { imm: None }, p.sge_a(0, 64));
+    p.run();
+    let c = p.completions(0);
+    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        got,
+        [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)],
+        "the failed request, then the rest flushed"
+    );
+    let a_qpn = p.a.qpn;
+    assert_eq!(p.c.nics[0].query_qp(a_qpn).unwrap().qp_state, QpState::Sqe);
+    // The receive side is not stopped: B can still WRITE into A.
+    let now = p.c.now;
+    let b_qpn = p.b.qpn;
+    let b_lkey = p.b.mr.lkey;
+    p.c.nics[1]
+        .post_send(
+            now,
+            b_qpn,
+            SendWr {
+                wr_id: 5,
+                op: SendOp::Write {
+                    remote_addr: A_IOVA + 200_000,
+                    rkey: rkey_a,
+                    imm: None,
+                },
+                sg_list: vec![Sge {
+                    addr: B_IOVA,
+                    length: 8,
+                    lkey: b_lkey,
+                }],
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            },
+        )
+        .unwrap();
+    p.run();
+    assert_eq!(p.completions(1)[0].status, WcStatus::Success);
+    assert_eq!(p.c.nics[0].counters().rcvd_pkts, 1);
+    // SQE -> RTS, and sending works again.
+    let attr = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    p.c.nics[0]
+        .modify_qp(now, a_qpn, &attr, AttrMask::STATE)
+        .unwrap();
+    p.recv_b(7, 0, 64);
+    p.post(3, SendOp::Send { imm: None }, p.sge_a(0, 64));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert_eq!(p.completions(1)[0].wr_id, 7);
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use core::net::IpAddr;
 use rnic_core::mem::Access;
-use rnic_core::qp::{QpAttr, QpType};
+use rnic_core::qp::{AttrMask, QpAttr, QpState, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, GRH_LEN};
 use rnic_core::{QpCaps, VerbError};
@@ -210,6 +210,31 @@ fn ud_rules() {
         c.nics[0].poll_cq(a.cq, 8).unwrap()[0].status,
         WcStatus::LocLenErr
     );
+    // The send queue stops (SQE): later sends are flushed until RTS again.
+    assert_eq!(c.nics[0].query_qp(a.qpn).unwrap().qp_state, QpState::Sqe);
+    let to_b = UdDest {
+        dest: ba,
+        qpn: b.qpn,
+        qkey: QKEY,
+    };
+    send(&mut c, &a, 0, to_b, 8, None).unwrap();
+    assert_eq!(
+        c.nics[0].poll_cq(a.cq, 8).unwrap()[0].status,
+        WcStatus::WrFlushErr
+    );
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    let now = c.now;
+    c.nics[0]
+        .modify_qp(now, a.qpn, &rts, AttrMask::STATE)
+        .unwrap();
+    send(&mut c, &a, 0, to_b, 8, None).unwrap();
+    assert_eq!(
+        c.nics[0].poll_cq(a.cq, 8).unwrap()[0].status,
+        WcStatus::Success
+    );
     // post_send is for connected QPs; UD carries SENDs only.
     let now = c.now;
     let wr = SendWr {
@@ -237,4 +262,22 @@ fn ud_rules() {
             }
         )
         .is_err());
+}
+
+#[test]
+fn a_qkey_with_the_high_bit_set_sends_the_qps_own() {
+    let (mut c, a, b, _, ba) = setup(64);
+    post_recv(&mut c, &b, 9);
+    // A's own Q_Key is QKEY, which B expects; the request names another
+    // with the high bit set, which means "use the QP's".
+    let to_b = UdDest {
+        dest: ba,
+        qpn: b.qpn,
+        qkey: 0x8000_0001,
+    };
+    send(&mut c, &a, 0, to_b, 8, None).unwrap();
+    c.run(c.now + Duration::from_millis(10), 1000);
+    let r = c.nics[1].poll_cq(b.cq, 8).unwrap();
+    assert_eq!((r.len(), r[0].status), (1, WcStatus::Success));
+    assert_eq!(c.nics[1].counters().qkey_violations, 0);
 }
