@@ -16,25 +16,29 @@
 //! Memory safety: registered memory is owned jointly by the application's
 //! [`MemoryRegion`] and the engine, so it cannot be freed while the NIC may
 //! still write it; it is made of atomic bytes, so the application and the
-//! engine touching it at once is not a data race (see `memory`).
+//! engine touching it at once is not a data race (see `memory`). The only
+//! `unsafe` in the crate is there: mapping, viewing and unmapping the pages of
+//! a page-backed region.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod capture;
 mod engine;
+#[allow(unsafe_code)]
 mod memory;
 pub mod rendezvous;
 
 use core::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use rnic_core::cq::CqHandle;
-pub use rnic_core::mem::Access;
 use rnic_core::mem::PdHandle;
+pub use rnic_core::mem::{Access, MwBind};
 use rnic_core::qp::{AddressVector, QpAttr, QpState};
 pub use rnic_core::qp::{Mtu, QpType};
 pub use rnic_core::srq::AsyncEvent;
@@ -49,7 +53,7 @@ pub use engine::TapEvent;
 /// Where a tap delivers the packets it sees.
 pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
 use engine::{Engine, EngineState};
-pub use memory::DmaBuf;
+pub use memory::{Backing, DmaBuf, Placement};
 
 /// What went wrong.
 #[derive(Debug)]
@@ -220,9 +224,20 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
-    /// Allocate `len` zeroed bytes and register them with `access`.
+    /// Allocate `len` zeroed bytes on the heap and register them with `access`.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
-        let buf = Arc::new(DmaBuf::zeroed(len));
+        self.register_with(len, access, Backing::Heap)
+    }
+
+    /// Allocate `len` zeroed bytes from `backing` (heap, pages of their own,
+    /// huge pages) and register them with `access`.
+    pub fn register_with(
+        &self,
+        len: usize,
+        access: Access,
+        backing: Backing,
+    ) -> Result<MemoryRegion> {
+        let buf = Arc::new(DmaBuf::new(len, backing)?);
         let shared = memory::Shared(buf.clone());
         let iova = buf.addr();
         let pd = self.pd;
@@ -287,6 +302,17 @@ impl ProtectionDomain {
         })
     }
 
+    /// Allocate a type 2 memory window (`ibv_alloc_mw(IBV_MW_TYPE_2)`): it
+    /// opens nothing until [`QueuePair::bind_mw`] binds it.
+    pub fn alloc_mw(&self) -> Result<MemoryWindow> {
+        let pd = self.pd;
+        let rkey = self.dev.call(move |st| st.nic.alloc_mw(pd))??;
+        Ok(MemoryWindow {
+            dev: self.dev.clone(),
+            rkey: AtomicU32::new(rkey),
+        })
+    }
+
     /// An address handle for UD sends to `dest` (`ibv_create_ah`).
     pub fn create_ah(&self, dest: IpAddr) -> AddressHandle {
         AddressHandle { dest }
@@ -342,6 +368,10 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
+    /// Where its memory came from.
+    pub fn placement(&self) -> Placement {
+        self.buf.placement()
+    }
     /// A scatter/gather entry for `len` bytes at `offset`.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
         Sge {
@@ -365,6 +395,30 @@ impl Drop for MemoryRegion {
         let lkey = self.lkey;
         let _ = self.dev.engine.submit(Box::new(move |st| {
             let _ = st.nic.dereg_mr(lkey);
+        }));
+    }
+}
+
+/// A type 2 memory window. Dropping it frees it (`ibv_dealloc_mw`).
+#[derive(Debug)]
+pub struct MemoryWindow {
+    dev: Device,
+    rkey: AtomicU32,
+}
+
+impl MemoryWindow {
+    /// Its R_Key: the one the last [`QueuePair::bind_mw`] gave it (what a
+    /// peer needs), or its first, unbound one.
+    pub fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        let rkey = self.rkey();
+        let _ = self.dev.engine.submit(Box::new(move |st| {
+            let _ = st.nic.dealloc_mw(rkey);
         }));
     }
 }
@@ -556,6 +610,42 @@ impl QueuePair {
             st.nic.post_send(now, qpn, wr)
         })??;
         Ok(())
+    }
+
+    /// Bind `mw` to `len` bytes of `mr` at `offset`, for this QP, with remote
+    /// rights `access` (a BIND_MW work request, `ibv_bind_mw` for a type 2
+    /// window). Returns the window's new R_Key (its low byte moved on, as
+    /// `ibv_inc_rkey` does), valid for this QP's peer once the bind
+    /// completes, in send-queue order, as IBV_WC_BIND_MW.
+    pub fn bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &MemoryWindow,
+        mr: &MemoryRegion,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<u32> {
+        let mw_rkey = mw.rkey();
+        let new_rkey = (mw_rkey & !0xFF) | (mw_rkey.wrapping_add(1) & 0xFF);
+        self.post_send(SendWr {
+            wr_id,
+            op: SendOp::BindMw(MwBind {
+                mw_rkey,
+                new_rkey,
+                mr_lkey: mr.lkey(),
+                addr: mr.addr().wrapping_add(offset as u64),
+                length: len as u64,
+                access,
+            }),
+            sg_list: Vec::new(),
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: None,
+        })?;
+        mw.rkey.store(new_rkey, Ordering::Relaxed);
+        Ok(new_rkey)
     }
 
     /// Post a receive work request.

@@ -9,17 +9,89 @@
 //! completion through a channel after its writes, and the application reads
 //! the memory after taking the completion.
 
+use core::fmt;
+use std::io;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use rustix::mm::{Advice, MapFlags, ProtFlags};
+
 use rnic_core::mem::Region;
+
+/// Where a region's memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backing {
+    /// The heap: 8-byte aligned.
+    #[default]
+    Heap,
+    /// Anonymous pages of its own (`mmap`): page-aligned, whole pages.
+    Pages,
+    /// Huge pages: reserved hugetlbfs pages (2 MiB) if the system has them
+    /// (`vm.nr_hugepages`), else pages the kernel is asked to back with
+    /// transparent huge pages (`madvise(MADV_HUGEPAGE)`).
+    HugePages,
+}
+
+/// What a region got (see [`Backing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Heap memory.
+    Heap,
+    /// Pages of the system's base page size.
+    Pages,
+    /// 2 MiB hugetlbfs pages.
+    HugeTlb,
+    /// Base pages with transparent huge pages advised (the kernel decides).
+    TransparentHuge,
+}
+
+/// 2 MiB: the huge page size rnic asks hugetlbfs for.
+const HUGE_PAGE: usize = 2 << 20;
+
+enum Storage {
+    Heap(Box<[AtomicU64]>),
+    Mapped {
+        ptr: NonNull<AtomicU64>,
+        words: usize,
+        map_len: usize,
+    },
+}
 
 /// Memory the NIC may read and write: 64-bit atomic words, every access to
 /// them atomic and of the same size, copied a word at a time.
-#[derive(Debug)]
 pub struct DmaBuf {
-    words: Box<[AtomicU64]>,
+    storage: Storage,
     len: usize,
+    placement: Placement,
+}
+
+// SAFETY: the mapping is owned by the `DmaBuf` (unmapped only on drop) and
+// holds `AtomicU64`s, which any number of threads may access at once.
+unsafe impl Send for DmaBuf {}
+// SAFETY: as above: shared access goes through atomics only.
+unsafe impl Sync for DmaBuf {}
+
+impl fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuf")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("placement", &self.placement)
+            .finish()
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        if let Storage::Mapped { ptr, map_len, .. } = self.storage {
+            // SAFETY: the mapping was made by `DmaBuf::map` with this length,
+            // and no reference into it outlives `self`.
+            unsafe {
+                let _ = rustix::mm::munmap(ptr.as_ptr().cast(), map_len);
+            }
+        }
+    }
 }
 
 /// Byte `i` of a word, in memory order.
@@ -35,11 +107,89 @@ fn mask(from: usize, to: usize) -> u64 {
 }
 
 impl DmaBuf {
-    /// `len` zeroed bytes.
+    /// `len` zeroed bytes on the heap.
     pub fn zeroed(len: usize) -> DmaBuf {
         DmaBuf {
-            words: (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect(),
+            storage: Storage::Heap((0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect()),
             len,
+            placement: Placement::Heap,
+        }
+    }
+
+    /// `len` zeroed bytes from `backing`.
+    pub fn new(len: usize, backing: Backing) -> io::Result<DmaBuf> {
+        match backing {
+            Backing::Heap => Ok(DmaBuf::zeroed(len)),
+            Backing::Pages => DmaBuf::map(len, false),
+            Backing::HugePages => DmaBuf::map(len, true).or_else(|_| {
+                let mut b = DmaBuf::map(len, false)?;
+                if let Storage::Mapped { ptr, map_len, .. } = b.storage {
+                    // SAFETY: advice on a mapping `b` owns; it changes no contents.
+                    unsafe {
+                        rustix::mm::madvise(ptr.as_ptr().cast(), map_len, Advice::LinuxHugepage)?;
+                    }
+                }
+                b.placement = Placement::TransparentHuge;
+                Ok(b)
+            }),
+        }
+    }
+
+    fn map(len: usize, hugetlb: bool) -> io::Result<DmaBuf> {
+        let unit = if hugetlb {
+            HUGE_PAGE
+        } else {
+            rustix::param::page_size()
+        };
+        let map_len = len.max(1).div_ceil(unit) * unit;
+        // No MAP_NORESERVE: with it, a hugetlb mapping succeeds even when no
+        // huge pages are reserved, and the first touch dies of SIGBUS.
+        let mut flags = MapFlags::PRIVATE;
+        if hugetlb {
+            flags |= MapFlags::HUGETLB;
+        }
+        // SAFETY: a fresh anonymous mapping at an address the kernel picks;
+        // nothing else refers to it.
+        let ptr = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                map_len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                flags,
+            )?
+        };
+        let ptr = NonNull::new(ptr.cast::<AtomicU64>())
+            .ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+        Ok(DmaBuf {
+            // Anonymous pages are zeroed and page-aligned, a valid array of
+            // AtomicU64 (any bit pattern is a valid u64).
+            storage: Storage::Mapped {
+                ptr,
+                words: map_len / 8,
+                map_len,
+            },
+            len,
+            placement: if hugetlb {
+                Placement::HugeTlb
+            } else {
+                Placement::Pages
+            },
+        })
+    }
+
+    /// Where the memory came from.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        match &self.storage {
+            Storage::Heap(w) => w,
+            // SAFETY: `ptr` points at `words` initialised AtomicU64s that live
+            // until `self` is dropped.
+            Storage::Mapped { ptr, words, .. } => unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr(), *words)
+            },
         }
     }
 
@@ -56,7 +206,7 @@ impl DmaBuf {
     /// The address of the first byte: the region's I/O virtual address, as
     /// verbs uses the buffer's address.
     pub fn addr(&self) -> u64 {
-        self.words.as_ptr() as u64
+        self.words().as_ptr() as u64
     }
 
     fn in_bounds(&self, offset: usize, n: usize) -> bool {
@@ -72,7 +222,7 @@ impl DmaBuf {
         let mut done = 0;
         while done < out.len() {
             let (w, b) = (pos / 8, pos % 8);
-            let word = self.words[w].load(Ordering::Relaxed);
+            let word = self.words()[w].load(Ordering::Relaxed);
             if b == 0 && out.len() - done >= 8 {
                 out[done..done + 8].copy_from_slice(&word.to_ne_bytes());
                 done += 8;
@@ -101,7 +251,7 @@ impl DmaBuf {
             if b == 0 && data.len() - done >= 8 {
                 let mut v = [0u8; 8];
                 v.copy_from_slice(&data[done..done + 8]);
-                self.words[w].store(u64::from_ne_bytes(v), Ordering::Relaxed);
+                self.words()[w].store(u64::from_ne_bytes(v), Ordering::Relaxed);
                 done += 8;
                 pos += 8;
             } else {
@@ -110,8 +260,8 @@ impl DmaBuf {
                 let mut v = [0u8; 8];
                 v[b..b + take].copy_from_slice(&data[done..done + take]);
                 let m = mask(b, b + take);
-                self.words[w].fetch_and(!m, Ordering::Relaxed);
-                self.words[w].fetch_or(u64::from_ne_bytes(v) & m, Ordering::Relaxed);
+                self.words()[w].fetch_and(!m, Ordering::Relaxed);
+                self.words()[w].fetch_or(u64::from_ne_bytes(v) & m, Ordering::Relaxed);
                 done += take;
                 pos += take;
             }
@@ -163,6 +313,25 @@ mod tests {
         }
         assert_eq!(DmaBuf::zeroed(13).len(), 13);
         assert!(!DmaBuf::zeroed(13).write(10, &[0; 4]));
+    }
+
+    #[test]
+    fn page_backed_memory() {
+        let page = rustix::param::page_size() as u64;
+        let b = DmaBuf::new(10_000, Backing::Pages).unwrap();
+        assert_eq!(b.addr() % page, 0, "page-aligned");
+        assert_eq!((b.len(), b.placement()), (10_000, Placement::Pages));
+        assert!(b.write(9_992, &[7; 8]));
+        assert!(!b.write(9_993, &[7; 8]));
+        let mut out = [0u8; 9];
+        assert!(b.read(9_991, &mut out));
+        assert_eq!(out, [0, 7, 7, 7, 7, 7, 7, 7, 7]);
+        let h = DmaBuf::new(3 << 20, Backing::HugePages).unwrap();
+        match h.placement() {
+            Placement::HugeTlb => assert_eq!(h.addr() % (2 << 20), 0),
+            p => assert_eq!(p, Placement::TransparentHuge),
+        }
+        assert!(h.write((3 << 20) - 1, &[1]));
     }
 
     #[test]

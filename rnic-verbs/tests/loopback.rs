@@ -336,3 +336,100 @@ fn uc_and_an_srq_shared_by_two_qps() {
         AsyncEvent::SrqLimitReached(_)
     ));
 }
+
+#[test]
+fn windows_atomic_write_and_flush_on_page_backed_memory() {
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let (da, db) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+    let ma = pa.register(4096, rights).unwrap();
+    let mb = pb
+        .register_with(
+            1 << 20,
+            rights | Access::MW_BIND | Access::FLUSH_GLOBAL,
+            Backing::HugePages,
+        )
+        .unwrap();
+    assert_ne!(mb.placement(), Placement::Heap);
+    let (ca, cb) = (da.create_cq(64).unwrap(), db.create_cq(64).unwrap());
+    let qa = pa.create_rc_qp(&ca, &ca, QpCaps::default()).unwrap();
+    let qb = pb.create_rc_qp(&cb, &cb, QpCaps::default()).unwrap();
+    let o = ConnectOptions {
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::FLUSH_GLOBAL,
+        ..ConnectOptions::default()
+    };
+    qa.connect(&qb.endpoint(), &o).unwrap();
+    qb.connect(&qa.endpoint(), &o).unwrap();
+
+    // B opens 64 bytes at offset 4096 of its region to A, and only those.
+    let mw = pb.alloc_mw().unwrap();
+    let win = qb
+        .bind_mw(1, &mw, &mb, 4096, 64, Access::REMOTE_WRITE)
+        .unwrap();
+    let c = cb.wait(T).unwrap();
+    assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::BindMw));
+    assert_eq!(mw.rkey(), win);
+
+    let at = mb.addr() + 4096;
+    qa.post_send(wr(
+        2,
+        SendOp::AtomicWrite {
+            remote_addr: at + 8,
+            rkey: win,
+            data: *b"rnic-aw!",
+        },
+        vec![],
+    ))
+    .unwrap();
+    qa.post_send(wr(
+        3,
+        SendOp::Flush {
+            remote_addr: mb.addr(),
+            rkey: mb.rkey(),
+            len: 0,
+            placement: 1,
+            whole_region: true,
+        },
+        vec![],
+    ))
+    .unwrap();
+    for (id, op) in [(2, WcOpcode::AtomicWrite), (3, WcOpcode::Flush)] {
+        let c = ca.wait(T).unwrap();
+        assert_eq!((c.wr_id, c.status, c.opcode), (id, WcStatus::Success, op));
+    }
+    let mut got = [0u8; 8];
+    assert!(mb.read(4096 + 8, &mut got));
+    assert_eq!(&got, b"rnic-aw!");
+
+    // SEND_WITH_INV closes the window; a WRITE through it then fails.
+    qb.post_recv(RecvWr {
+        wr_id: 9,
+        sg_list: vec![mb.sge(0, 64)],
+    })
+    .unwrap();
+    qa.post_send(wr(
+        4,
+        SendOp::SendWithInv {
+            invalidate_rkey: win,
+        },
+        vec![ma.sge(0, 8)],
+    ))
+    .unwrap();
+    assert_eq!(ca.wait(T).unwrap().status, WcStatus::Success);
+    let r = cb.wait(T).unwrap();
+    assert_eq!((r.wr_id, r.invalidated_rkey), (9, Some(win)));
+    qa.post_send(wr(
+        5,
+        SendOp::Write {
+            remote_addr: at,
+            rkey: win,
+            imm: None,
+        },
+        vec![ma.sge(0, 8)],
+    ))
+    .unwrap();
+    assert_eq!(ca.wait(T).unwrap().status, WcStatus::RemAccessErr);
+}
