@@ -44,6 +44,12 @@ pub struct TapEvent {
     pub datagram: Datagram,
 }
 
+/// Where a completion queue's completions go.
+pub(crate) struct CqSink {
+    pub tx: Sender<Completion>,
+    pub notify: Option<crate::channel::Notify>,
+}
+
 /// Work for the engine thread.
 pub(crate) type Job = Box<dyn FnOnce(&mut EngineState) + Send>;
 
@@ -51,7 +57,7 @@ pub(crate) type Job = Box<dyn FnOnce(&mut EngineState) + Send>;
 pub(crate) struct EngineState {
     pub nic: Nic,
     pub start: Instant,
-    pub cqs: HashMap<CqHandle, Sender<Completion>>,
+    pub cqs: HashMap<CqHandle, CqSink>,
     pub tap: Option<Sender<TapEvent>>,
     pub events: Option<Sender<rnic_core::srq::AsyncEvent>>,
     pub capture: Option<crate::capture::Capture>,
@@ -236,10 +242,14 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
             busy = true;
         }
         // Completions to the application's queues.
-        for (h, tx) in &st.cqs {
+        for (h, sink) in &st.cqs {
             if let Ok(done) = st.nic.poll_cq(*h, usize::MAX) {
+                let any = !done.is_empty();
                 for c in done {
-                    let _ = tx.send(c);
+                    let _ = sink.tx.send(c);
+                }
+                if let (true, Some(n)) = (any, &sink.notify) {
+                    n.completed(*h);
                 }
             }
         }

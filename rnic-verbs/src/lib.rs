@@ -23,6 +23,7 @@
 #![deny(unsafe_code)]
 
 mod capture;
+mod channel;
 mod engine;
 #[allow(unsafe_code)]
 mod memory;
@@ -31,7 +32,7 @@ pub mod rendezvous;
 use core::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,7 @@ pub use engine::TapEvent;
 
 /// Where a tap delivers the packets it sees.
 pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
+pub use channel::CompletionChannel;
 use engine::{Engine, EngineState};
 pub use memory::{Backing, DmaBuf, Placement};
 
@@ -199,13 +201,42 @@ impl Device {
 
     /// Create a completion queue of `depth` entries.
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
+        self.create_cq_inner(depth, None)
+    }
+
+    /// A completion channel (`ibv_create_comp_channel`), for
+    /// [`Device::create_cq_with_channel`].
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        Ok(CompletionChannel::new()?)
+    }
+
+    /// Create a completion queue whose events, once armed with
+    /// [`CompletionQueue::req_notify`], go to `channel`.
+    pub fn create_cq_with_channel(
+        &self,
+        depth: usize,
+        channel: &CompletionChannel,
+    ) -> Result<CompletionQueue> {
+        self.create_cq_inner(depth, Some(channel))
+    }
+
+    fn create_cq_inner(
+        &self,
+        depth: usize,
+        channel: Option<&CompletionChannel>,
+    ) -> Result<CompletionQueue> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let armed = Arc::new(AtomicBool::new(false));
+        let notify = channel.map(|c| channel::Notify {
+            armed: armed.clone(),
+            signal: c.signal.clone(),
+        });
         let cq = self.engine.call(move |st| {
             let h = st.nic.create_cq(depth);
-            st.cqs.insert(h, tx);
+            st.cqs.insert(h, engine::CqSink { tx, notify });
             h
         })?;
-        Ok(CompletionQueue { cq, rx })
+        Ok(CompletionQueue { cq, rx, armed })
     }
 
     fn call<R: Send + 'static>(
@@ -458,9 +489,20 @@ pub struct AddressHandle {
 pub struct CompletionQueue {
     cq: CqHandle,
     rx: Receiver<Completion>,
+    armed: Arc<AtomicBool>,
 }
 
 impl CompletionQueue {
+    /// Its number, as [`CompletionChannel::get_cq_event`] reports it.
+    pub fn id(&self) -> u32 {
+        self.cq.0
+    }
+    /// Ask for one event on the queue's completion channel at its next
+    /// completion (`ibv_req_notify_cq` with solicited_only 0). Completions
+    /// already waiting do not count: arm, poll, then wait for the event.
+    pub fn req_notify(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
     /// Take the completions waiting (none is an empty vector).
     pub fn poll(&self) -> Vec<Completion> {
         self.rx.try_iter().collect()

@@ -433,3 +433,71 @@ fn windows_atomic_write_and_flush_on_page_backed_memory() {
     .unwrap();
     assert_eq!(ca.wait(T).unwrap().status, WcStatus::RemAccessErr);
 }
+
+#[test]
+fn a_completion_channel_wakes_poll_once_per_arming() {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let (da, db) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (ma, mb) = (
+        pa.register(64, rights).unwrap(),
+        pb.register(64, rights).unwrap(),
+    );
+    let channel = da.create_comp_channel().unwrap();
+    let ca = da.create_cq_with_channel(16, &channel).unwrap();
+    let cb = db.create_cq(16).unwrap();
+    let qa = pa.create_rc_qp(&ca, &ca, QpCaps::default()).unwrap();
+    let qb = pb.create_rc_qp(&cb, &cb, QpCaps::default()).unwrap();
+    let o = ConnectOptions::default();
+    qa.connect(&qb.endpoint(), &o).unwrap();
+    qb.connect(&qa.endpoint(), &o).unwrap();
+    let write = |id| {
+        qa.post_send(wr(
+            id,
+            SendOp::Write {
+                remote_addr: mb.addr(),
+                rkey: mb.rkey(),
+                imm: None,
+            },
+            vec![ma.sge(0, 8)],
+        ))
+        .unwrap()
+    };
+    let readable = |ms: i64| {
+        let ts = Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: (ms % 1000) * 1_000_000,
+        };
+        let mut fds = [PollFd::new(&channel, PollFlags::IN)];
+        poll(&mut fds, Some(&ts)).unwrap() == 1
+    };
+
+    ca.req_notify();
+    assert!(!readable(0), "nothing completed yet");
+    assert!(matches!(
+        channel.get_cq_event(Duration::ZERO),
+        Err(Error::Timeout)
+    ));
+    write(1);
+    assert!(
+        readable(10_000),
+        "the completion makes the descriptor readable"
+    );
+    assert_eq!(channel.get_cq_event(Duration::ZERO).unwrap(), ca.id());
+    assert_eq!(ca.poll().len(), 1);
+    assert!(!readable(0), "the event was taken");
+
+    // Not armed again: the next completion raises no event.
+    write(2);
+    assert_eq!(ca.wait(T).unwrap().wr_id, 2);
+    assert!(!readable(50));
+    // Armed again: one more event.
+    ca.req_notify();
+    write(3);
+    assert_eq!(channel.get_cq_event(T).unwrap(), ca.id());
+    assert_eq!(ca.wait(T).unwrap().wr_id, 3);
+}

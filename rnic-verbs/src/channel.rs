@@ -1,0 +1,109 @@
+//! Completion channels (`ibv_comp_channel`): a file descriptor that becomes
+//! readable when an armed completion queue gets a completion, so an
+//! application can sleep in poll/epoll with its other descriptors instead of
+//! spinning on a completion queue.
+//!
+//! As in verbs: [`CompletionQueue::req_notify`](crate::CompletionQueue::req_notify)
+//! arms a queue for its next completion, the engine then queues one event
+//! for the channel and makes its descriptor readable, and
+//! [`CompletionChannel::get_cq_event`] takes the event. The descriptor stays
+//! readable while events are waiting; a spurious readiness is possible (the
+//! call then returns [`Error::Timeout`](crate::Error::Timeout) for a zero
+//! timeout), as with any level-triggered descriptor.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use rnic_core::cq::CqHandle;
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
+
+use crate::{Error, Result};
+
+/// The channel's shared half: what the engine signals.
+#[derive(Debug)]
+pub(crate) struct Signal {
+    fd: OwnedFd,
+    events: Sender<CqHandle>,
+}
+
+impl Signal {
+    fn raise(&self, cq: CqHandle) {
+        let _ = self.events.send(cq);
+        // Fails only when the counter would overflow, which is readable anyway.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+}
+
+/// A completion queue's arming, shared by its handle and the engine.
+#[derive(Debug)]
+pub(crate) struct Notify {
+    pub armed: Arc<AtomicBool>,
+    pub signal: Arc<Signal>,
+}
+
+impl Notify {
+    /// A completion arrived for `cq`: raise one event if armed, and disarm.
+    pub fn completed(&self, cq: CqHandle) {
+        if self.armed.swap(false, Ordering::AcqRel) {
+            self.signal.raise(cq);
+        }
+    }
+}
+
+/// A completion channel (`ibv_create_comp_channel`).
+#[derive(Debug, Clone)]
+pub struct CompletionChannel {
+    pub(crate) signal: Arc<Signal>,
+    events: Receiver<CqHandle>,
+}
+
+impl CompletionChannel {
+    pub(crate) fn new() -> io::Result<CompletionChannel> {
+        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        let (events, rx) = crossbeam_channel::unbounded();
+        Ok(CompletionChannel {
+            signal: Arc::new(Signal { fd, events }),
+            events: rx,
+        })
+    }
+
+    /// Wait up to `timeout` (zero: do not wait) for an event, and return the
+    /// number of the completion queue it is for ([`CompletionQueue::id`]
+    /// (crate::CompletionQueue::id)). The queue is disarmed: poll it, then
+    /// arm it again.
+    pub fn get_cq_event(&self, timeout: Duration) -> Result<u32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut counter = [0u8; 8];
+            let _ = rustix::io::read(&self.signal.fd, &mut counter);
+            if let Ok(cq) = self.events.try_recv() {
+                if !self.events.is_empty() {
+                    // More events wait: keep the descriptor readable.
+                    let _ = rustix::io::write(&self.signal.fd, &1u64.to_ne_bytes());
+                }
+                return Ok(cq.0);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout);
+            }
+            let ts = Timespec::try_from(left).map_err(|_| Error::Timeout)?;
+            let mut fds = [PollFd::new(&self.signal.fd, PollFlags::IN)];
+            match poll(&mut fds, Some(&ts)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(Error::Io(e.into())),
+            }
+        }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    /// The descriptor to poll: readable when an event waits.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.signal.fd.as_fd()
+    }
+}
