@@ -61,10 +61,21 @@ pub(crate) struct EngineState {
     pub tap: Option<Sender<TapEvent>>,
     pub events: Option<Sender<rnic_core::srq::AsyncEvent>>,
     pub capture: Option<crate::capture::Capture>,
+    /// A tracing span per queue pair: received packets and the verbs on a
+    /// QP run inside it.
+    pub qp_spans: HashMap<u32, tracing::Span>,
     pub stop: bool,
 }
 
 impl EngineState {
+    /// The span of QP `qpn` (disabled if it has none, or tracing is off).
+    pub fn qp_span(&self, qpn: u32) -> tracing::Span {
+        self.qp_spans
+            .get(&qpn)
+            .cloned()
+            .unwrap_or_else(tracing::Span::none)
+    }
+
     pub fn now(&self) -> Time {
         Time(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
@@ -79,7 +90,7 @@ impl EngineState {
                     src = %d.src,
                     dst = %d.dst,
                     opcode = p.info().name,
-                    qpn = p.bth().dest_qp(),
+                    dest_qp = format_args!("{:#x}", p.bth().dest_qp()),
                     psn = p.bth().psn().value(),
                     bytes = d.payload.len(),
                     "packet"
@@ -157,6 +168,7 @@ impl Engine {
                     tap: None,
                     events: None,
                     capture: None,
+                    qp_spans: HashMap::new(),
                     stop: false,
                 };
                 run(state, socket, job_rx, wake_engine, addr);
@@ -223,6 +235,12 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
                         payload: buf[..n].to_vec(),
                     };
                     let now = st.now();
+                    // The BTH's destination QP (bytes 5-7): the local QP.
+                    let span = match d.payload.get(5..8) {
+                        Some(q) => st.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]])),
+                        None => tracing::Span::none(),
+                    };
+                    let _in_qp = span.enter();
                     st.observe(false, now, &d);
                     st.nic.handle_datagram(now, &d);
                     busy = true;

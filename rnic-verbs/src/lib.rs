@@ -312,6 +312,8 @@ impl ProtectionDomain {
                 if let Some(h) = srq {
                     st.nic.attach_srq(qpn, h)?;
                 }
+                let span = tracing::debug_span!("qp", qpn = format_args!("{qpn:#x}"), ?qp_type);
+                st.qp_spans.insert(qpn, span);
                 Ok(qpn)
             })??;
         tracing::debug!(device = %self.dev.addr(), qpn, ?qp_type, "queue pair created");
@@ -649,6 +651,8 @@ impl QueuePair {
         let qpn = self.qpn;
         self.dev.call(move |st| {
             let now = st.now();
+            let _in_qp = st.qp_span(qpn).entered();
+            tracing::trace!(wr_id = wr.wr_id, op = ?wr.op, sges = wr.sg_list.len(), "post_send");
             st.nic.post_send(now, qpn, wr)
         })??;
         Ok(())
@@ -695,6 +699,8 @@ impl QueuePair {
         let qpn = self.qpn;
         self.dev.call(move |st| {
             let now = st.now();
+            let _in_qp = st.qp_span(qpn).entered();
+            tracing::trace!(wr_id = wr.wr_id, sges = wr.sg_list.len(), "post_recv");
             st.nic.post_recv(now, qpn, wr)
         })??;
         Ok(())
