@@ -566,6 +566,12 @@ impl Nic {
         Ok(())
     }
 
+    /// Count a datagram the driver could not pass on (truncated, or from a
+    /// sender that is not an IP address) as malformed.
+    pub fn count_malformed(&mut self) {
+        self.counters.malformed += 1;
+    }
+
     /// `ibv_post_send`. In the error state (and the send queue error state of
     /// UC and UD) the request completes at once with WR_FLUSH_ERR, as verbs
     /// specifies.

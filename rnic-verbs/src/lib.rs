@@ -16,9 +16,10 @@
 //! Memory safety: registered memory is owned jointly by the application's
 //! [`MemoryRegion`] and the engine, so it cannot be freed while the NIC may
 //! still write it; it is made of atomic bytes, so the application and the
-//! engine touching it at once is not a data race (see `memory`). The only
-//! `unsafe` in the crate is there: mapping, viewing and unmapping the pages of
-//! a page-backed region.
+//! engine touching it at once is not a data race (see `memory`). The
+//! `unsafe` in the crate is in two modules: `memory` (mapping, viewing and
+//! unmapping the pages of a page-backed region) and `udp` (recvmmsg and
+//! sendmmsg).
 
 #![deny(unsafe_code)]
 
@@ -28,6 +29,8 @@ mod engine;
 #[allow(unsafe_code)]
 mod memory;
 pub mod rendezvous;
+#[allow(unsafe_code)]
+mod udp;
 
 use core::fmt;
 use std::io;
