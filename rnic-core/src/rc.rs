@@ -180,6 +180,12 @@ impl Default for QpCaps {
 /// The largest number of packets a requester has unacknowledged at once.
 pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 
+/// Inside a long message, every this many packets asks for an ACK (as
+/// rdma_rxe does every 64): without it a message longer than the in-flight
+/// window would wait for an ACK nobody was asked for, time out, and resend
+/// the same window until the retries ran out.
+pub(crate) const ACK_EVERY: u32 = 64;
+
 /// A connected queue pair, reliable (RC) or unreliable (UC).
 #[derive(Debug)]
 pub(crate) struct Qp {

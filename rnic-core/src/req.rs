@@ -4,7 +4,7 @@
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{gather, Ctx, Qp, MAX_INFLIGHT_PKTS};
+use crate::rc::{gather, Ctx, Qp, ACK_EVERY, MAX_INFLIGHT_PKTS};
 use crate::time::local_ack_timeout;
 use crate::wr::{SendOp, WcStatus};
 
@@ -195,7 +195,7 @@ impl Qp {
                 }
                 ib.bth.solicited = last && solicited;
                 // UC has no acknowledgements to ask for.
-                ib.bth.ack_req = last && !self.is_uc();
+                ib.bth.ack_req = (last || (k + 1) % ACK_EVERY == 0) && !self.is_uc();
                 ib.payload_len = payload.len();
             }
             SendOp::Read { remote_addr, rkey } => {

@@ -416,3 +416,60 @@ fn inline_data_needs_no_memory_region_and_survives_retransmission() {
         ));
     }
 }
+
+#[test]
+fn a_message_longer_than_the_in_flight_window_asks_for_acks_on_the_way() {
+    // 1 MiB at PMTU 256: 4096 packets, four times the 1024 packets a
+    // requester keeps in flight. Without an AckReq inside the message it
+    // would wait for an ACK nobody was asked for and time out for ever.
+    let params = Params {
+        mtu: rnic_core::qp::Mtu::Mtu256,
+        ..Params::default()
+    };
+    let mut p = Pair::new(40, &params);
+    p.c.net.record_pcap();
+    let len = 1 << 20;
+    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let data = pattern(len, 5);
+    let src = p.c.nics[0]
+        .reg_mr(p.a.pd, 0x7_0000_0000, Box::new(data.clone()), rw)
+        .unwrap();
+    let dst = p.c.nics[1]
+        .reg_mr(p.b.pd, 0x8_0000_0000, Box::new(vec![0u8; len]), rw)
+        .unwrap();
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: 0x8_0000_0000,
+            rkey: dst.rkey,
+            imm: None,
+        },
+        vec![rnic_core::wr::Sge {
+            addr: 0x7_0000_0000,
+            length: len as u32,
+            lkey: src.lkey,
+        }],
+    );
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert_eq!(p.c.nics[0].counters().completer_retry_err, 0, "no timeout");
+    let mut got = vec![0u8; len];
+    p.c.nics[1]
+        .read_mr(p.b.pd, dst.lkey, 0x8_0000_0000, &mut got)
+        .unwrap();
+    assert!(got == data);
+    // AckReq every 64 packets and on the last.
+    let pcap = p.c.net.pcap();
+    let asked: Vec<u32> = rnic_wire::pcap::PcapReader::new(&pcap)
+        .unwrap()
+        .filter_map(|r| {
+            let f =
+                rnic_wire::Frame::parse(rnic_wire::LinkType::Ethernet, r.unwrap().data).unwrap();
+            let b = f.ib.bth();
+            (b.ack_req() && f.ib.info().is_request()).then(|| b.psn().value())
+        })
+        .collect();
+    assert_eq!(asked.len(), 4096 / 64);
+}
