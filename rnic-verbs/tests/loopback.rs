@@ -501,3 +501,52 @@ fn a_completion_channel_wakes_poll_once_per_arming() {
     assert_eq!(channel.get_cq_event(T).unwrap(), ca.id());
     assert_eq!(ca.wait(T).unwrap().wr_id, 3);
 }
+
+#[test]
+fn a_one_gib_write_arrives_intact() {
+    const GIB: usize = 1 << 30;
+    const CHUNK: usize = 1 << 20;
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (da, db) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let (pa, pb) = (da.alloc_pd().unwrap(), db.alloc_pd().unwrap());
+    let ma = pa.register_with(GIB, rights, Backing::Pages).unwrap();
+    let mb = pb.register_with(GIB, rights, Backing::Pages).unwrap();
+    let (ca, cb) = (da.create_cq(16).unwrap(), db.create_cq(16).unwrap());
+    let qa = pa.create_rc_qp(&ca, &ca, QpCaps::default()).unwrap();
+    let qb = pb.create_rc_qp(&cb, &cb, QpCaps::default()).unwrap();
+    let o = ConnectOptions {
+        mtu: Mtu::Mtu4096,
+        ..ConnectOptions::default()
+    };
+    qa.connect(&qb.endpoint(), &o).unwrap();
+    qb.connect(&qa.endpoint(), &o).unwrap();
+    // Every MiB different, so a misplaced packet cannot go unnoticed.
+    let chunk = |i: usize| -> Vec<u8> {
+        (0..CHUNK)
+            .map(|j| (j as u8).wrapping_mul(13) ^ (i as u8).wrapping_mul(101) ^ (j >> 12) as u8)
+            .collect()
+    };
+    for i in 0..GIB / CHUNK {
+        assert!(ma.write(i * CHUNK, &chunk(i)));
+    }
+    qa.post_send(wr(
+        1,
+        SendOp::Write {
+            remote_addr: mb.addr(),
+            rkey: mb.rkey(),
+            imm: None,
+        },
+        vec![ma.sge(0, GIB as u32)],
+    ))
+    .unwrap();
+    let c = ca.wait(Duration::from_secs(300)).unwrap();
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
+    let mut got = vec![0u8; CHUNK];
+    for i in 0..GIB / CHUNK {
+        assert!(mb.read(i * CHUNK, &mut got));
+        assert!(got == chunk(i), "MiB {i} differs");
+    }
+}

@@ -28,28 +28,53 @@ enum Command {
         #[arg(long)]
         pcap: Option<PathBuf>,
     },
-    /// Bandwidth or latency of RDMA operations between two rnic NICs on
-    /// loopback, next to a raw UDP baseline from the same run.
+    /// Bandwidth or latency of RDMA operations between two rnic NICs, in this
+    /// process (--loopback, the default) or in two (--server, --client HOST),
+    /// next to a raw UDP baseline between the same addresses.
     Perf {
-        /// write, read or send.
+        /// write, read, send or atomic (FETCH_AND_ADD).
         #[arg(value_enum)]
         op: perf::Op,
-        /// Both sides in this process, on loopback (the only mode so far).
-        #[arg(long, default_value_t = true)]
+        /// Both NICs in this process, on loopback addresses (the default).
+        #[arg(long, conflicts_with_all = ["server", "client"])]
         loopback: bool,
-        /// Message size in bytes.
+        /// Wait for a client (which sets the options for both).
+        #[arg(long, conflicts_with = "client")]
+        server: bool,
+        /// Connect to the server on HOST.
+        #[arg(long, value_name = "HOST")]
+        client: Option<String>,
+        /// TCP port of the exchange between server and client.
+        #[arg(short = 'p', long, default_value_t = 18515)]
+        port: u16,
+        /// Message size in bytes (atomics: 8).
         #[arg(short = 's', long, default_value_t = 65536)]
         size: u32,
-        /// Number of messages.
+        /// Messages per size and direction.
         #[arg(short = 'n', long, default_value_t = 2000)]
         iterations: u64,
-        /// Messages outstanding at once.
+        /// Run for this many seconds instead of a number of messages.
+        #[arg(short = 'D', long)]
+        duration: Option<f64>,
+        /// Queue pairs, requests spread over them.
+        #[arg(short = 'q', long, default_value_t = 1)]
+        qps: u32,
+        /// Messages outstanding at once, per queue pair.
         #[arg(short = 't', long, default_value_t = 64)]
         tx_depth: u32,
         /// Measure latency, one message at a time.
         #[arg(long)]
         lat: bool,
-        /// Print one JSON object.
+        /// Both directions at once.
+        #[arg(short = 'b', long)]
+        bidir: bool,
+        /// Every size from 2 bytes to 8 MiB, doubling.
+        #[arg(short = 'a', long)]
+        all_sizes: bool,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096.
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: u32,
+        /// Print JSON lines.
         #[arg(long)]
         json: bool,
     },
@@ -91,6 +116,14 @@ enum Command {
     },
 }
 
+/// The path MTU of `bytes`, if it is one.
+fn mtu_of(bytes: u32) -> Option<rnic_verbs::Mtu> {
+    [256, 512, 1024, 2048, 4096]
+        .iter()
+        .position(|&m| m == bytes)
+        .and_then(|i| rnic_verbs::Mtu::from_ibv(i as u32 + 1))
+}
+
 fn main() -> ExitCode {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RNIC_LOG") {
         tracing_subscriber::fmt()
@@ -103,18 +136,50 @@ fn main() -> ExitCode {
         Command::Perf {
             op,
             loopback: _,
+            server,
+            client,
+            port,
             size,
             iterations,
+            duration,
+            qps,
             tx_depth,
             lat,
+            bidir,
+            all_sizes,
+            mtu,
             json,
         } => {
+            let Some(mtu) = mtu_of(mtu) else {
+                eprintln!("rnic perf: the MTU must be 256, 512, 1024, 2048 or 4096");
+                return ExitCode::from(2);
+            };
+            let duration = match duration {
+                Some(d) if d.is_finite() && d > 0.0 => Some(std::time::Duration::from_secs_f64(d)),
+                Some(_) => {
+                    eprintln!("rnic perf: the duration must be a positive number of seconds");
+                    return ExitCode::from(2);
+                }
+                None => None,
+            };
+            let mode = match (server, client) {
+                (true, _) => perf::Mode::Server,
+                (false, Some(host)) => perf::Mode::Client(host),
+                (false, None) => perf::Mode::Loopback,
+            };
             let o = perf::Options {
                 op,
+                mode,
+                port,
                 size,
                 iterations,
+                duration,
+                qps,
                 tx_depth,
                 latency: lat,
+                bidir,
+                all_sizes,
+                mtu,
                 json,
             };
             match perf::run(&o) {
@@ -136,11 +201,7 @@ fn main() -> ExitCode {
             iters,
             mtu,
         } => {
-            let Some(mtu) = [256, 512, 1024, 2048, 4096]
-                .iter()
-                .position(|&m| m == mtu)
-                .and_then(|i| rnic_verbs::Mtu::from_ibv(i as u32 + 1))
-            else {
+            let Some(mtu) = mtu_of(mtu) else {
                 eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
                 return ExitCode::from(2);
             };

@@ -1,11 +1,25 @@
-//! `rnic perf`: perftest-like bandwidth and latency of RDMA operations between
-//! two rnic NICs, next to a raw UDP baseline measured in the same run.
+//! `rnic perf`: perftest-like bandwidth and latency of RDMA operations
+//! between two rnic NICs, in one process on loopback (`--loopback`, the
+//! default) or in two processes (`--server` and `--client HOST`, which meet
+//! over TCP as perftest's tools do), next to a raw UDP baseline measured in
+//! the same run over the same addresses.
+//!
+//! The two processes exchange one line of options (the server takes the
+//! client's), one `rnic1` endpoint record per queue pair (with the buffer
+//! the peer may access), then "ready", and at the end "done"; the UDP
+//! baseline is a second exchange on the same TCP connection.
 
-use std::io::{self, Write};
-use std::net::UdpSocket;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use indicatif::{ProgressBar, ProgressStyle};
+use rnic_verbs::rendezvous::{EndpointRecord, RemoteBuffer};
 use rnic_verbs::*;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Res<T> = std::result::Result<T, BoxError>;
 
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -16,96 +30,242 @@ pub enum Op {
     Read,
     /// SEND into posted receives.
     Send,
+    /// FETCH_AND_ADD on 8 bytes (as ib_atomic_bw does by default).
+    Atomic,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+    fn parse(s: &str) -> Option<Op> {
+        [Op::Write, Op::Read, Op::Send, Op::Atomic]
+            .into_iter()
+            .find(|o| o.name() == s)
+    }
+}
+
+/// Which side of the measurement this process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Both NICs in this process.
+    Loopback,
+    /// Wait for a client on the TCP port.
+    Server,
+    /// Connect to a server.
+    Client(String),
 }
 
 /// Options, as perftest spells them where it can.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// The operation.
     pub op: Op,
-    /// Message size in bytes.
+    /// Loopback, server or client.
+    pub mode: Mode,
+    /// TCP port of the exchange.
+    pub port: u16,
+    /// Message size in bytes (8 for atomics).
     pub size: u32,
-    /// Messages.
+    /// Messages per size and direction.
     pub iterations: u64,
-    /// Work requests outstanding at once (bandwidth mode).
+    /// Run this long instead of a number of messages.
+    pub duration: Option<Duration>,
+    /// Queue pairs.
+    pub qps: u32,
+    /// Work requests outstanding at once per queue pair (bandwidth mode).
     pub tx_depth: u32,
     /// Latency mode: one message at a time.
     pub latency: bool,
-    /// Print JSON instead of a table.
+    /// Both directions at once.
+    pub bidir: bool,
+    /// Every power of two from 2 bytes to 8 MiB.
+    pub all_sizes: bool,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Print JSON lines instead of a table.
     pub json: bool,
+}
+
+impl Options {
+    fn sizes(&self) -> Vec<u32> {
+        if self.op == Op::Atomic {
+            vec![8]
+        } else if self.all_sizes {
+            (1..=23).map(|k| 1u32 << k).collect()
+        } else {
+            vec![self.size]
+        }
+    }
+    fn buffer_len(&self) -> usize {
+        self.sizes().into_iter().max().unwrap_or(8).max(4096) as usize
+    }
+    /// The line the client sends: what the server must do too.
+    fn to_line(&self) -> String {
+        format!(
+            "rnic-perf op={} size={} iters={} duration_ms={} qps={} depth={} lat={} bidir={} all={} mtu={}",
+            self.op.name(),
+            self.size,
+            self.iterations,
+            self.duration.map_or(0, |d| d.as_millis()),
+            self.qps,
+            self.tx_depth,
+            u8::from(self.latency),
+            u8::from(self.bidir),
+            u8::from(self.all_sizes),
+            self.mtu.bytes()
+        )
+    }
+    fn adopt(&mut self, line: &str) -> Option<()> {
+        let mut it = line.split_whitespace();
+        if it.next()? != "rnic-perf" {
+            return None;
+        }
+        for kv in it {
+            let (k, v) = kv.split_once('=')?;
+            match k {
+                "op" => self.op = Op::parse(v)?,
+                "size" => self.size = v.parse().ok()?,
+                "iters" => self.iterations = v.parse().ok()?,
+                "duration_ms" => {
+                    let ms: u64 = v.parse().ok()?;
+                    self.duration = (ms > 0).then(|| Duration::from_millis(ms));
+                }
+                "qps" => self.qps = v.parse().ok()?,
+                "depth" => self.tx_depth = v.parse().ok()?,
+                "lat" => self.latency = v == "1",
+                "bidir" => self.bidir = v == "1",
+                "all" => self.all_sizes = v == "1",
+                "mtu" => self.mtu = Mtu::from_ibv(mtu_enum(v.parse().ok()?)?)?,
+                _ => {}
+            }
+        }
+        Some(())
+    }
+}
+
+/// ibv_mtu's enum value for a size in bytes.
+fn mtu_enum(bytes: u32) -> Option<u32> {
+    [256, 512, 1024, 2048, 4096]
+        .iter()
+        .position(|&b| b == bytes)
+        .map(|i| i as u32 + 1)
 }
 
 const T: Duration = Duration::from_secs(30);
 
-struct Pair {
-    a: (
-        Device,
-        ProtectionDomain,
-        MemoryRegion,
-        CompletionQueue,
-        QueuePair,
-    ),
-    b: (
-        Device,
-        ProtectionDomain,
-        MemoryRegion,
-        CompletionQueue,
-        QueuePair,
-    ),
+/// One NIC's part: its memory, queues and queue pairs.
+struct Local {
+    dev: Device,
+    _pd: ProtectionDomain,
+    mr: MemoryRegion,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    qps: Vec<QueuePair>,
 }
 
-fn side(
-    len: usize,
-) -> Result<(
-    Device,
-    ProtectionDomain,
-    MemoryRegion,
-    CompletionQueue,
-    QueuePair,
-)> {
-    let dev = Device::open_loopback()?;
-    let pd = dev.alloc_pd()?;
-    let mr = pd.register(
-        len,
-        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-    )?;
-    let cq = dev.create_cq(1 << 16)?;
-    let caps = QpCaps {
-        max_send_wr: 4096,
-        max_recv_wr: 4096,
-        ..QpCaps::default()
-    };
-    let qp = pd.create_rc_qp(&cq, &cq, caps)?;
-    Ok((dev, pd, mr, cq, qp))
+impl Local {
+    fn new(o: &Options) -> Res<Local> {
+        let dev = Device::open_loopback()?;
+        let pd = dev.alloc_pd()?;
+        let rights = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let mr = pd.register_with(o.buffer_len(), rights, Backing::Pages)?;
+        let scq = dev.create_cq(1 << 16)?;
+        let rcq = dev.create_cq(1 << 16)?;
+        let caps = QpCaps {
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            ..QpCaps::default()
+        };
+        let qps = (0..o.qps.max(1))
+            .map(|_| pd.create_qp(QpType::Rc, &scq, &rcq, caps, None))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Local {
+            dev,
+            _pd: pd,
+            mr,
+            scq,
+            rcq,
+            qps,
+        })
+    }
+
+    fn records(&self) -> Vec<EndpointRecord> {
+        self.qps
+            .iter()
+            .map(|qp| EndpointRecord {
+                endpoint: qp.endpoint(),
+                buffer: Some(RemoteBuffer {
+                    va: self.mr.addr(),
+                    rkey: self.mr.rkey(),
+                    len: self.mr.len() as u64,
+                }),
+            })
+            .collect()
+    }
+
+    fn connect(&self, o: &Options, remote: &[EndpointRecord]) -> Res<Vec<RemoteBuffer>> {
+        if remote.len() != self.qps.len() {
+            return Err(format!(
+                "the peer has {} queue pairs, this side {}",
+                remote.len(),
+                self.qps.len()
+            )
+            .into());
+        }
+        let c = ConnectOptions {
+            mtu: o.mtu,
+            ..ConnectOptions::default()
+        };
+        let mut bufs = Vec::new();
+        for (qp, r) in self.qps.iter().zip(remote) {
+            qp.connect(&r.endpoint, &c)?;
+            bufs.push(r.buffer.ok_or("the peer's record names no buffer")?);
+        }
+        Ok(bufs)
+    }
 }
 
-fn connect(len: usize) -> Result<Pair> {
-    let a = side(len)?;
-    let b = side(len)?;
-    let o = ConnectOptions::default();
-    a.4.connect(&b.4.endpoint(), &o)?;
-    b.4.connect(&a.4.endpoint(), &o)?;
-    Ok(Pair { a, b })
+/// What one direction measured.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bw {
+    messages: u64,
+    bytes: u64,
+    secs: f64,
+    peak: f64,
+    failures: u64,
 }
 
-fn wr(p: &Pair, op: Op, id: u64, size: u32) -> SendWr {
-    let (mr_a, mr_b) = (&p.a.2, &p.b.2);
+fn wr(op: Op, local: &MemoryRegion, remote: &RemoteBuffer, id: u64, size: u32) -> SendWr {
     let op = match op {
         Op::Write => SendOp::Write {
-            remote_addr: mr_b.addr(),
-            rkey: mr_b.rkey(),
+            remote_addr: remote.va,
+            rkey: remote.rkey,
             imm: None,
         },
         Op::Read => SendOp::Read {
-            remote_addr: mr_b.addr(),
-            rkey: mr_b.rkey(),
+            remote_addr: remote.va,
+            rkey: remote.rkey,
         },
         Op::Send => SendOp::Send { imm: None },
+        Op::Atomic => SendOp::FetchAdd {
+            remote_addr: remote.va,
+            rkey: remote.rkey,
+            add: 1,
+        },
     };
     SendWr {
         wr_id: id,
         op,
-        sg_list: vec![mr_a.sge(0, size)],
+        sg_list: vec![local.sge(0, size)],
         signaled: true,
         solicited: false,
         fence: false,
@@ -113,38 +273,327 @@ fn wr(p: &Pair, op: Op, id: u64, size: u32) -> SendWr {
     }
 }
 
-fn post_recv(p: &Pair, id: u64, size: u32) -> Result<()> {
-    p.b.4.post_recv(RecvWr {
-        wr_id: id,
-        sg_list: vec![p.b.2.sge(0, size)],
+/// How long a run goes.
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Messages(u64),
+    Time(Duration),
+}
+
+fn progress(limit: Limit, label: String) -> ProgressBar {
+    let bar = match limit {
+        Limit::Messages(n) => ProgressBar::new(n),
+        Limit::Time(d) => ProgressBar::new(d.as_millis() as u64),
+    };
+    let style = match limit {
+        Limit::Messages(_) => "{prefix} [{bar:40}] {pos}/{len} messages, {per_sec}",
+        Limit::Time(_) => "{prefix} [{bar:40}] {elapsed} of {duration}",
+    };
+    if let Ok(s) = ProgressStyle::with_template(style) {
+        bar.set_style(s.progress_chars("=> "));
+    }
+    bar.set_prefix(label);
+    bar
+}
+
+/// Keep `depth` requests outstanding on every QP until the limit; count
+/// completions and the best 100 ms window.
+fn bandwidth(
+    l: &Local,
+    remote: &[RemoteBuffer],
+    op: Op,
+    size: u32,
+    limit: Limit,
+    depth: u32,
+    bar: &ProgressBar,
+) -> Res<Bw> {
+    let n = l.qps.len();
+    let mut outstanding = vec![0u32; n];
+    let qp_index = |qpn: u32| l.qps.iter().position(|q| q.qpn() == qpn);
+    let (mut posted, mut done, mut failures) = (0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let mut window = (start, 0u64);
+    let mut peak = 0.0f64;
+    let more = |posted: u64, start: Instant| match limit {
+        Limit::Messages(m) => posted < m,
+        Limit::Time(d) => start.elapsed() < d,
+    };
+    loop {
+        for (i, qp) in l.qps.iter().enumerate() {
+            while outstanding[i] < depth && more(posted, start) && failures == 0 {
+                qp.post_send(wr(op, &l.mr, &remote[i], posted, size))?;
+                outstanding[i] += 1;
+                posted += 1;
+            }
+        }
+        if posted == done {
+            break;
+        }
+        let first = l.scq.wait(T)?;
+        for c in std::iter::once(first).chain(l.scq.poll()) {
+            done += 1;
+            if c.status != WcStatus::Success {
+                if failures == 0 {
+                    eprintln!(
+                        " request {} on QP {:#x} failed: {}",
+                        c.wr_id, c.qp_num, c.status
+                    );
+                }
+                failures += 1;
+            }
+            if let Some(i) = qp_index(c.qp_num) {
+                outstanding[i] = outstanding[i].saturating_sub(1);
+            }
+        }
+        match limit {
+            Limit::Messages(_) => bar.set_position(done),
+            Limit::Time(_) => bar.set_position(start.elapsed().as_millis() as u64),
+        }
+        if window.0.elapsed() >= Duration::from_millis(100) {
+            let bytes = (done - window.1) as f64 * f64::from(size);
+            peak = peak.max(bytes / window.0.elapsed().as_secs_f64());
+            window = (Instant::now(), done);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = done * u64::from(size);
+    Ok(Bw {
+        messages: done,
+        bytes,
+        secs,
+        peak: peak.max(bytes as f64 / secs),
+        failures,
     })
 }
 
-/// Raw UDP on the same loopback addresses: the same bytes as datagrams of one
-/// PMTU's payload, sent and received by two threads. Bytes/s of payload.
-fn udp_baseline(total: u64) -> io::Result<f64> {
-    let rx = UdpSocket::bind("127.0.0.1:0")?;
-    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
-    // The same socket buffers as rnic's engine asks for.
-    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
-    let to = rx.local_addr()?;
-    let chunk = 1024usize;
-    let n = total.div_ceil(chunk as u64).max(1);
-    let sender = std::thread::spawn(move || -> io::Result<()> {
-        let tx = UdpSocket::bind("127.0.0.1:0")?;
-        let buf = vec![0x5Au8; chunk];
-        for _ in 0..n {
-            // Loopback drops when the receiver lags; pace by yielding on error.
-            while tx.send_to(&buf, to).is_err() {
-                std::thread::yield_now();
+/// Latency of `iterations` requests posted one at a time on the first QP.
+fn latency(
+    l: &Local,
+    remote: &[RemoteBuffer],
+    op: Op,
+    size: u32,
+    iterations: u64,
+    bar: &ProgressBar,
+) -> Res<(Vec<Duration>, u64)> {
+    let mut lat = Vec::with_capacity(iterations as usize);
+    let mut failures = 0;
+    for i in 0..iterations {
+        let t = Instant::now();
+        l.qps[0].post_send(wr(op, &l.mr, &remote[0], i, size))?;
+        let c = l.scq.wait(T)?;
+        lat.push(t.elapsed());
+        if c.status != WcStatus::Success {
+            failures += 1;
+            break;
+        }
+        bar.set_position(i + 1);
+    }
+    lat.sort();
+    Ok((lat, failures))
+}
+
+/// Keep receives posted on every QP of `l` (for SENDs from the peer) until
+/// `stop`; count the failed ones.
+fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) -> Res<()> {
+    let per_qp = 512;
+    for qp in &l.qps {
+        for i in 0..per_qp {
+            qp.post_recv(RecvWr {
+                wr_id: i,
+                sg_list: vec![l.mr.sge(0, size.max(1))],
+            })?;
+        }
+    }
+    while !stop.load(Ordering::Acquire) {
+        let Ok(first) = l.rcq.wait(Duration::from_millis(20)) else {
+            continue;
+        };
+        for c in std::iter::once(first).chain(l.rcq.poll()) {
+            if c.status != WcStatus::Success {
+                if failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                    eprintln!(" a receive on QP {:#x} failed: {}", c.qp_num, c.status);
+                }
+                continue;
+            }
+            if let Some(qp) = l.qps.iter().find(|q| q.qpn() == c.qp_num) {
+                qp.post_recv(RecvWr {
+                    wr_id: c.wr_id,
+                    sg_list: vec![l.mr.sge(0, size.max(1))],
+                })?;
             }
         }
-        Ok(())
-    });
-    let mut buf = vec![0u8; 2048];
+    }
+    Ok(())
+}
+
+/// The result of one size.
+struct Row {
+    size: u32,
+    bw: Option<Bw>,
+    lat: Option<Vec<Duration>>,
+    failures: u64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Who does what in one measurement.
+struct Roles<'a> {
+    /// This process sends (requests from `me`).
+    sends: bool,
+    /// The other NIC, in loopback mode, with what it may access of `me`: it
+    /// also sends if bidirectional, and keeps receives posted for SENDs.
+    peer: Option<(&'a Local, &'a [RemoteBuffer])>,
+    /// `me` keeps receives posted for the peer's SENDs.
+    receives_here: bool,
+}
+
+/// The measurement of one size. `finish` runs after this side's own
+/// requests have completed and before the receive threads stop: the server
+/// waits there for the client's "done".
+fn measure(
+    o: &Options,
+    size: u32,
+    me: &Local,
+    my_remote: &[RemoteBuffer],
+    roles: Roles<'_>,
+    finish: impl FnOnce() -> Res<()>,
+) -> Res<Row> {
+    let Roles {
+        sends,
+        peer,
+        receives_here,
+    } = roles;
+    let limit = match o.duration {
+        Some(d) => Limit::Time(d),
+        None => Limit::Messages(o.iterations),
+    };
+    let label = format!("{} {} B", o.op.name(), size);
+    let bar = if o.json {
+        ProgressBar::hidden()
+    } else {
+        progress(limit, label)
+    };
+    let stop = AtomicBool::new(false);
+    let failed_recvs = AtomicU64::new(0);
+    let row = std::thread::scope(|s| -> Res<Row> {
+        // Receives for SENDs: on the peer (loopback), and here if the peer
+        // also sends to us.
+        let mut refills = Vec::new();
+        if o.op == Op::Send {
+            if let Some((p, _)) = peer {
+                refills.push(s.spawn(|| refill_receives(p, size, &stop, &failed_recvs)));
+            }
+            if receives_here {
+                refills.push(s.spawn(|| refill_receives(me, size, &stop, &failed_recvs)));
+            }
+            // Let the receives be posted before the first SEND arrives.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let result = (|| -> Res<Row> {
+            if o.latency {
+                let n = match limit {
+                    Limit::Messages(n) => n,
+                    Limit::Time(d) => (d.as_micros() / 50).max(1) as u64,
+                };
+                let (lat, failures) = if sends {
+                    latency(me, my_remote, o.op, size, n, &bar)?
+                } else {
+                    (Vec::new(), 0)
+                };
+                return Ok(Row {
+                    size,
+                    bw: None,
+                    lat: sends.then_some(lat),
+                    failures,
+                });
+            }
+            let reverse = match (peer, o.bidir) {
+                (Some((p, r)), true) => {
+                    let bar = ProgressBar::hidden();
+                    Some(s.spawn(move || bandwidth(p, r, o.op, size, limit, o.tx_depth, &bar)))
+                }
+                _ => None,
+            };
+            let mine = if sends {
+                Some(bandwidth(
+                    me, my_remote, o.op, size, limit, o.tx_depth, &bar,
+                )?)
+            } else {
+                None
+            };
+            let theirs = match reverse {
+                Some(h) => Some(h.join().map_err(|_| "the reverse direction panicked")??),
+                None => None,
+            };
+            let bw = match (mine, theirs) {
+                (Some(a), Some(b)) => Some(Bw {
+                    messages: a.messages + b.messages,
+                    bytes: a.bytes + b.bytes,
+                    secs: a.secs.max(b.secs),
+                    peak: a.peak + b.peak,
+                    failures: a.failures + b.failures,
+                }),
+                (a, b) => a.or(b),
+            };
+            Ok(Row {
+                size,
+                failures: bw.map_or(0, |b| b.failures),
+                bw,
+                lat: None,
+            })
+        })();
+        let finished = finish();
+        stop.store(true, Ordering::Release);
+        for r in refills {
+            r.join().map_err(|_| "a receive thread panicked")??;
+        }
+        finished?;
+        result
+    })?;
+    bar.finish_and_clear();
+    Ok(Row {
+        failures: row.failures + failed_recvs.load(Ordering::Relaxed),
+        ..row
+    })
+}
+
+/// Raw UDP between the same two addresses: `n` datagrams of `chunk` bytes,
+/// sent by one thread and received by another.
+fn udp_baseline_local(from: IpAddr, to: IpAddr, n: u64, chunk: usize) -> io::Result<f64> {
+    let rx = UdpSocket::bind(SocketAddr::new(to, 0))?;
+    let dest = rx.local_addr()?;
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
+    let sender = std::thread::spawn(move || udp_send(from, dest, n, chunk));
+    let got = udp_receive(&rx, n, chunk)?;
+    let _ = sender.join();
+    Ok(got)
+}
+
+fn udp_send(from: IpAddr, to: SocketAddr, n: u64, chunk: usize) -> io::Result<()> {
+    let tx = UdpSocket::bind(SocketAddr::new(from, 0))?;
+    let buf = vec![0x5Au8; chunk];
+    for _ in 0..n {
+        // Loopback drops when the receiver lags; pace by yielding on error.
+        while tx.send_to(&buf, to).is_err() {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+/// Receive up to `n` datagrams; payload bytes per second from the first to the last.
+fn udp_receive(rx: &UdpSocket, n: u64, chunk: usize) -> io::Result<f64> {
+    rx.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut buf = vec![0u8; 65536];
+    rx.recv(&mut buf)?;
+    rx.set_read_timeout(Some(Duration::from_millis(200)))?;
     let start = Instant::now();
-    let mut got = 0u64;
-    let mut last = start;
+    let (mut got, mut last) = (1u64, start);
     while got < n {
         match rx.recv(&mut buf) {
             Ok(_) => {
@@ -154,155 +603,400 @@ fn udp_baseline(total: u64) -> io::Result<f64> {
             Err(_) => break, // the rest were dropped by the kernel
         }
     }
-    // Up to the last datagram received, not the timeout after it.
-    let elapsed = last - start;
-    let _ = sender.join();
-    Ok(got as f64 * chunk as f64 / elapsed.as_secs_f64())
+    let secs = (last - start).as_secs_f64().max(1e-9);
+    Ok((got - 1) as f64 * chunk as f64 / secs)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
+/// The raw UDP transfer to compare with: datagrams of one message (at most
+/// one PMTU) each, as many as the largest size's run moved (at least 1000).
+fn baseline_plan(o: &Options, rows: &[Row]) -> (u64, usize) {
+    let size = rows.iter().map(|r| r.size).max().unwrap_or(8) as usize;
+    let chunk = size.clamp(1, o.mtu.bytes());
+    let bytes = rows
+        .iter()
+        .filter(|r| r.size as usize == size)
+        .filter_map(|r| r.bw.map(|b| b.bytes))
+        .max()
+        .unwrap_or(0);
+    (bytes.div_ceil(chunk as u64).max(1000), chunk)
 }
 
-/// Run; false if any operation failed.
-pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>> {
-    let p = connect((o.size as usize).max(4096))?;
-    let stdout = io::stdout();
-    let mut out = stdout.lock();
-    let mut ok = true;
-    if o.latency {
-        let mut lat = Vec::with_capacity(o.iterations as usize);
-        for i in 0..o.iterations {
-            if o.op == Op::Send {
-                post_recv(&p, i, o.size)?;
-            }
-            let t = Instant::now();
-            p.a.4.post_send(wr(&p, o.op, i, o.size))?;
-            let c = p.a.3.wait(T)?;
-            lat.push(t.elapsed());
-            ok &= c.status == WcStatus::Success;
-            if o.op == Op::Send {
-                ok &= p.b.3.wait(T)?.status == WcStatus::Success;
-            }
-        }
-        lat.sort();
-        let us = |d: Duration| d.as_secs_f64() * 1e6;
-        if o.json {
-            writeln!(
-                out,
-                "{{\"op\":\"{:?}\",\"bytes\":{},\"iterations\":{},\"lat_min_us\":{:.2},\"lat_p50_us\":{:.2},\"lat_p99_us\":{:.2},\"lat_max_us\":{:.2}}}",
-                o.op, o.size, o.iterations, us(lat[0]), us(percentile(&lat, 0.5)), us(percentile(&lat, 0.99)), us(lat[lat.len() - 1])
-            )?;
-        } else {
-            writeln!(
-                out,
-                " {:?} latency, completion to completion, two rnic NICs on loopback",
-                o.op
-            )?;
-            writeln!(
-                out,
-                " #bytes  #iterations  t_min[usec]  t_p50[usec]  t_p99[usec]  t_max[usec]"
-            )?;
-            writeln!(
-                out,
-                " {:<7} {:<12} {:<12.2} {:<12.2} {:<12.2} {:.2}",
-                o.size,
-                o.iterations,
-                us(lat[0]),
-                us(percentile(&lat, 0.5)),
-                us(percentile(&lat, 0.99)),
-                us(lat[lat.len() - 1])
-            )?;
-        }
-        return Ok(ok);
-    }
+fn gbit(bytes_per_sec: f64) -> f64 {
+    bytes_per_sec * 8.0 / 1e9
+}
 
-    // Bandwidth: keep tx_depth requests outstanding.
-    let depth = u64::from(o.tx_depth.max(1));
-    if o.op == Op::Send {
-        for i in 0..depth.min(o.iterations) {
-            post_recv(&p, i, o.size)?;
-        }
-    }
-    let start = Instant::now();
-    let (mut posted, mut done, mut recvs_posted) = (0u64, 0u64, depth.min(o.iterations));
-    let window = (o.iterations / 10).max(1);
-    let mut peak = 0.0f64;
-    let mut window_start = (Instant::now(), 0u64);
-    while done < o.iterations {
-        while posted < o.iterations && posted - done < depth {
-            p.a.4.post_send(wr(&p, o.op, posted, o.size))?;
-            posted += 1;
-        }
-        let c = p.a.3.wait(T)?;
-        ok &= c.status == WcStatus::Success;
-        done += 1;
-        for c in p.a.3.poll() {
-            ok &= c.status == WcStatus::Success;
-            done += 1;
-        }
-        if o.op == Op::Send {
-            for c in p.b.3.poll() {
-                ok &= c.status == WcStatus::Success;
-                if recvs_posted < o.iterations {
-                    post_recv(&p, recvs_posted, o.size)?;
-                    recvs_posted += 1;
-                }
-            }
-        }
-        if done - window_start.1 >= window {
-            let bytes = (done - window_start.1) as f64 * f64::from(o.size);
-            peak = peak.max(bytes / window_start.0.elapsed().as_secs_f64());
-            window_start = (Instant::now(), done);
-        }
-        if !ok {
-            break;
-        }
-    }
-    let secs = start.elapsed().as_secs_f64();
-    let bytes = o.iterations as f64 * f64::from(o.size);
-    let avg = bytes / secs;
-    let peak = peak.max(avg);
-    let base = udp_baseline(bytes as u64)?;
-    let retries = p.a.0.counters()?.completer_retry_err;
-    let gbit = |b: f64| b * 8.0 / 1e9;
-    let mpps = o.iterations as f64 / secs / 1e6;
+fn print_header(o: &Options, out: &mut impl Write) -> io::Result<()> {
     if o.json {
+        return Ok(());
+    }
+    let how = match &o.mode {
+        Mode::Loopback => "two rnic NICs in this process".to_string(),
+        Mode::Server => "server side".to_string(),
+        Mode::Client(h) => format!("client of {h}"),
+    };
+    writeln!(
+        out,
+        " RDMA {} {}{}, {} QP(s), PMTU {}, {}",
+        o.op.name().to_uppercase(),
+        if o.latency { "latency" } else { "bandwidth" },
+        match (o.bidir, &o.mode) {
+            (false, _) => "",
+            (true, Mode::Loopback) => " (both directions, summed)",
+            (true, _) => " (both directions; this side's requests)",
+        },
+        o.qps.max(1),
+        o.mtu.bytes(),
+        how
+    )?;
+    if o.latency {
         writeln!(
             out,
-            "{{\"op\":\"{:?}\",\"bytes\":{},\"iterations\":{},\"bw_peak_gbps\":{:.3},\"bw_avg_gbps\":{:.3},\"msg_rate_mpps\":{:.4},\"udp_baseline_gbps\":{:.3},\"ratio_to_udp\":{:.3},\"retransmissions\":{},\"ok\":{}}}",
-            o.op, o.size, o.iterations, gbit(peak), gbit(avg), mpps, gbit(base), avg / base, retries, ok
-        )?;
+            " #bytes     #iterations    t_min[usec]    t_p50[usec]    t_p99[usec]    t_max[usec]"
+        )
     } else {
         writeln!(
             out,
-            " {:?} bandwidth, two rnic NICs on loopback, {} outstanding",
-            o.op, depth
-        )?;
-        writeln!(
-            out,
             " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"
-        )?;
+        )
+    }
+}
+
+fn print_row(o: &Options, r: &Row, out: &mut impl Write) -> io::Result<()> {
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    if let Some(lat) = &r.lat {
+        if lat.is_empty() {
+            return Ok(());
+        }
+        let (min, p50, p99, max) = (
+            us(lat[0]),
+            us(percentile(lat, 0.5)),
+            us(percentile(lat, 0.99)),
+            us(lat[lat.len() - 1]),
+        );
+        if o.json {
+            writeln!(
+                out,
+                "{{\"op\":\"{}\",\"bytes\":{},\"iterations\":{},\"lat_min_us\":{min:.2},\"lat_p50_us\":{p50:.2},\"lat_p99_us\":{p99:.2},\"lat_max_us\":{max:.2},\"ok\":{}}}",
+                o.op.name(), r.size, lat.len(), r.failures == 0
+            )
+        } else {
+            writeln!(
+                out,
+                " {:<10} {:<14} {min:<14.2} {p50:<14.2} {p99:<14.2} {max:.2}",
+                r.size,
+                lat.len()
+            )
+        }
+    } else if let Some(b) = r.bw {
+        let avg = b.bytes as f64 / b.secs;
+        let mpps = b.messages as f64 / b.secs / 1e6;
+        if o.json {
+            writeln!(
+                out,
+                "{{\"op\":\"{}\",\"bytes\":{},\"iterations\":{},\"qps\":{},\"bidir\":{},\"bw_peak_gbps\":{:.3},\"bw_avg_gbps\":{:.3},\"msg_rate_mpps\":{mpps:.4},\"ok\":{}}}",
+                o.op.name(), r.size, b.messages, o.qps.max(1), o.bidir, gbit(b.peak), gbit(avg), r.failures == 0
+            )
+        } else {
+            writeln!(
+                out,
+                " {:<10} {:<14} {:<18.3} {:<20.3} {mpps:.4}",
+                r.size,
+                b.messages,
+                gbit(b.peak),
+                gbit(avg)
+            )
+        }
+    } else {
+        Ok(())
+    }
+}
+
+fn print_baseline(
+    o: &Options,
+    rows: &[Row],
+    base: f64,
+    chunk: usize,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    // The largest size's bandwidth, against datagrams of its size.
+    let size = rows.iter().map(|r| r.size).max().unwrap_or(0);
+    let best = rows
+        .iter()
+        .filter(|r| r.size == size)
+        .filter_map(|r| r.bw.map(|b| b.bytes as f64 / b.secs))
+        .fold(0.0f64, f64::max);
+    let ratio = if base > 0.0 { best / base } else { 0.0 };
+    if o.json {
         writeln!(
             out,
-            " {:<10} {:<14} {:<18.3} {:<20.3} {:.4}",
-            o.size,
-            o.iterations,
-            gbit(peak),
-            gbit(avg),
-            mpps
-        )?;
-        writeln!(
-            out,
-            " baseline: raw UDP on loopback, 1024-byte datagrams, same bytes: {:.3} Gb/s; rnic / raw UDP = {:.3}",
+            "{{\"udp_baseline_gbps\":{:.3},\"udp_datagram_bytes\":{chunk},\"bytes\":{size},\"bw_avg_gbps\":{:.3},\"ratio_to_udp\":{ratio:.3}}}",
             gbit(base),
-            avg / base
-        )?;
-        writeln!(out, " retransmissions (timeouts, sequence NAKs): {retries}")?;
+            gbit(best)
+        )
+    } else {
+        writeln!(
+            out,
+            " baseline: raw UDP between the same addresses, {chunk}-byte datagrams: {:.3} Gb/s; rnic {size} B / raw UDP = {ratio:.3}",
+            gbit(base)
+        )
+    }
+}
+
+/// Run; false if any operation failed.
+pub fn run(o: &Options) -> Res<bool> {
+    match o.mode.clone() {
+        Mode::Loopback => run_loopback(o),
+        Mode::Server => run_server(o.clone()),
+        Mode::Client(host) => run_client(o, &host),
+    }
+}
+
+fn run_loopback(o: &Options) -> Res<bool> {
+    let (a, b) = (Local::new(o)?, Local::new(o)?);
+    let to_b = a.connect(o, &b.records())?;
+    let to_a = b.connect(o, &a.records())?;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    print_header(o, &mut out)?;
+    let mut rows = Vec::new();
+    for size in o.sizes() {
+        let roles = Roles {
+            sends: true,
+            peer: Some((&b, &to_a)),
+            receives_here: o.bidir,
+        };
+        let row = measure(o, size, &a, &to_b, roles, || Ok(()))?;
+        print_row(o, &row, &mut out)?;
+        rows.push(row);
+    }
+    let ok = rows.iter().all(|r| r.failures == 0);
+    if !o.latency {
+        let (n, chunk) = baseline_plan(o, &rows);
+        let base = udp_baseline_local(a.dev.addr(), b.dev.addr(), n, chunk)?;
+        print_baseline(o, &rows, base, chunk, &mut out)?;
+        let retries = a.dev.counters()?.completer_retry_err + b.dev.counters()?.completer_retry_err;
+        if !o.json {
+            writeln!(out, " retransmissions (timeouts, sequence NAKs): {retries}")?;
+        }
     }
     Ok(ok)
+}
+
+/// A line-based control connection.
+struct Control {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Control {
+    fn new(s: TcpStream) -> io::Result<Control> {
+        s.set_nodelay(true)?;
+        Ok(Control {
+            r: BufReader::new(s.try_clone()?),
+            w: s,
+        })
+    }
+    fn send(&mut self, line: &str) -> io::Result<()> {
+        self.w.write_all(format!("{line}\n").as_bytes())
+    }
+    fn recv(&mut self) -> io::Result<String> {
+        let mut line = String::new();
+        if self.r.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            ));
+        }
+        Ok(line.trim().to_string())
+    }
+    fn expect(&mut self, word: &str) -> Res<String> {
+        let line = self.recv()?;
+        if line.split_whitespace().next() != Some(word) {
+            return Err(format!("expected '{word}' from the peer, got '{line}'").into());
+        }
+        Ok(line)
+    }
+    fn send_records(&mut self, rs: &[EndpointRecord]) -> io::Result<()> {
+        for r in rs {
+            self.send(&r.to_line())?;
+        }
+        Ok(())
+    }
+    fn recv_records(&mut self, n: usize) -> Res<Vec<EndpointRecord>> {
+        (0..n)
+            .map(|_| {
+                let line = self.recv()?;
+                EndpointRecord::from_line(&line)
+                    .ok_or_else(|| format!("malformed endpoint record '{line}'").into())
+            })
+            .collect()
+    }
+}
+
+fn run_server(mut o: Options) -> Res<bool> {
+    let listener = TcpListener::bind(("0.0.0.0", o.port))?;
+    if !o.json {
+        eprintln!(" waiting for a client on TCP port {}", o.port);
+    }
+    let (s, peer) = listener.accept()?;
+    let mut c = Control::new(s)?;
+    let line = c.recv()?;
+    o.adopt(&line)
+        .ok_or_else(|| format!("malformed options '{line}' from {peer}"))?;
+    o.mode = Mode::Server;
+    let me = Local::new(&o)?;
+    c.send_records(&me.records())?;
+    let theirs = c.recv_records(me.qps.len())?;
+    let to_client = me.connect(&o, &theirs)?;
+    c.send("ready")?;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    print_header(&o, &mut out)?;
+    let mut ok = true;
+    for size in o.sizes() {
+        c.expect("size")?;
+        // The server sends only in a bidirectional run; otherwise it keeps
+        // receives posted for SENDs, and its CPU does nothing else.
+        let roles = Roles {
+            sends: o.bidir,
+            peer: None,
+            receives_here: true,
+        };
+        let row = measure(&o, size, &me, &to_client, roles, || {
+            c.expect("done").map(|_| ())
+        })?;
+        print_row(&o, &row, &mut out)?;
+        ok &= row.failures == 0;
+        c.send(&format!("failures {}", row.failures))?;
+    }
+    // The UDP baseline: count what the client sends to our address.
+    if let Ok(line) = c.recv() {
+        if let Some(n) = line.strip_prefix("udp ") {
+            let (n, chunk): (u64, usize) = match n.split_once(' ') {
+                Some((a, b)) => (a.parse()?, b.parse()?),
+                None => return Err("malformed udp request".into()),
+            };
+            let rx = UdpSocket::bind(SocketAddr::new(me.dev.addr(), 0))?;
+            let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
+            c.send(&format!("udp-port {}", rx.local_addr()?.port()))?;
+            let rate = udp_receive(&rx, n, chunk).unwrap_or(0.0);
+            c.send(&format!("udp-rate {rate}"))?;
+        }
+    }
+    Ok(ok)
+}
+
+fn run_client(o: &Options, host: &str) -> Res<bool> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        match TcpStream::connect((host, o.port)) {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let mut c = Control::new(s)?;
+    c.send(&o.to_line())?;
+    let me = Local::new(o)?;
+    let theirs = c.recv_records(me.qps.len())?;
+    c.send_records(&me.records())?;
+    let to_server = me.connect(o, &theirs)?;
+    c.expect("ready")?;
+    let server_addr = theirs[0].endpoint.addr;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    print_header(o, &mut out)?;
+    let mut rows = Vec::new();
+    for size in o.sizes() {
+        c.send(&format!("size {size}"))?;
+        // Every SEND completed here was received there (RC acknowledges
+        // after execution), so "done" can follow the last completion.
+        let roles = Roles {
+            sends: true,
+            peer: None,
+            receives_here: o.bidir,
+        };
+        // Receives here (bidirectional SENDs) stay posted until the server's
+        // own direction is over too: it answers "done" only then.
+        let mut line = String::new();
+        let row = measure(o, size, &me, &to_server, roles, || {
+            c.send("done")?;
+            line = c.expect("failures")?;
+            Ok(())
+        })?;
+        let theirs: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        let row = Row {
+            failures: row.failures + theirs,
+            ..row
+        };
+        print_row(o, &row, &mut out)?;
+        rows.push(row);
+    }
+    let ok = rows.iter().all(|r| r.failures == 0);
+    if !o.latency {
+        let (n, chunk) = baseline_plan(o, &rows);
+        c.send(&format!("udp {n} {chunk}"))?;
+        let port: u16 = c
+            .expect("udp-port")?
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .ok_or("malformed udp-port")?;
+        udp_send(me.dev.addr(), SocketAddr::new(server_addr, port), n, chunk)?;
+        let rate: f64 = c
+            .expect("udp-rate")?
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .ok_or("malformed udp-rate")?;
+        print_baseline(o, &rows, rate, chunk, &mut out)?;
+        if !o.json {
+            let retries = me.dev.counters()?.completer_retry_err;
+            writeln!(out, " retransmissions (timeouts, sequence NAKs): {retries}")?;
+        }
+    }
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_line_round_trips() {
+        let o = Options {
+            op: Op::Atomic,
+            mode: Mode::Client("x".into()),
+            port: 1,
+            size: 8,
+            iterations: 77,
+            duration: Some(Duration::from_millis(1500)),
+            qps: 3,
+            tx_depth: 9,
+            latency: true,
+            bidir: true,
+            all_sizes: false,
+            mtu: Mtu::Mtu4096,
+            json: false,
+        };
+        let mut p = Options {
+            op: Op::Write,
+            mode: Mode::Server,
+            iterations: 0,
+            duration: None,
+            qps: 1,
+            latency: false,
+            bidir: false,
+            mtu: Mtu::Mtu1024,
+            ..o.clone()
+        };
+        p.adopt(&o.to_line()).unwrap();
+        assert_eq!(p.to_line(), o.to_line());
+        assert!(p.adopt("other op=write").is_none());
+        assert!(p.adopt("rnic-perf op=nope").is_none());
+    }
 }
