@@ -71,6 +71,12 @@ pub enum Error {
     NoFreeAddress,
     /// A wait ended without a completion.
     Timeout,
+    /// A buffer handed in for registration is not 8-byte aligned (it comes
+    /// back with the error).
+    Unaligned(Vec<u8>),
+    /// The region's memory is still held by the NIC (it was not given by the
+    /// caller, or something still refers to it).
+    NotReturnable,
 }
 
 impl fmt::Display for Error {
@@ -82,6 +88,10 @@ impl fmt::Display for Error {
                 f.write_str("no loopback address 127.0.0.1-127.0.0.254 has UDP port 4791 free")
             }
             Error::Timeout => f.write_str("timed out waiting for a completion"),
+            Error::Unaligned(_) => f.write_str("the buffer is not 8-byte aligned"),
+            Error::NotReturnable => {
+                f.write_str("the region's memory was not the caller's, or is still in use")
+            }
         }
     }
 }
@@ -271,7 +281,21 @@ impl ProtectionDomain {
         access: Access,
         backing: Backing,
     ) -> Result<MemoryRegion> {
-        let buf = Arc::new(DmaBuf::new(len, backing)?);
+        self.register_buf(DmaBuf::new(len, backing)?, access)
+    }
+
+    /// Register the caller's own buffer, in place: the NIC reads and writes
+    /// these very bytes (through [`MemoryRegion::read`] and `write` meanwhile),
+    /// and [`MemoryRegion::into_vec`] gives them back once the NIC has let go.
+    /// The buffer must be 8-byte aligned, as the system allocator makes any
+    /// `Vec<u8>` here; if not, it comes back in [`Error::Unaligned`].
+    pub fn register_vec(&self, buf: Vec<u8>, access: Access) -> Result<MemoryRegion> {
+        let buf = DmaBuf::from_vec(buf).map_err(Error::Unaligned)?;
+        self.register_buf(buf, access)
+    }
+
+    fn register_buf(&self, buf: DmaBuf, access: Access) -> Result<MemoryRegion> {
+        let buf = Arc::new(buf);
         let shared = memory::Shared(buf.clone());
         let iova = buf.addr();
         let pd = self.pd;
@@ -283,6 +307,7 @@ impl ProtectionDomain {
             buf,
             lkey: keys.lkey,
             rkey: keys.rkey,
+            registered: true,
         })
     }
 
@@ -370,6 +395,7 @@ pub struct MemoryRegion {
     buf: Arc<DmaBuf>,
     lkey: u32,
     rkey: u32,
+    registered: bool,
 }
 
 impl fmt::Debug for MemoryRegion {
@@ -416,6 +442,25 @@ impl MemoryRegion {
             lkey: self.lkey,
         }
     }
+    /// Deregister now and hand back the buffer given to
+    /// [`ProtectionDomain::register_vec`], once the NIC holds it no more.
+    /// Fails if its memory was allocated by rnic, or if memory windows are
+    /// bound to it (the region is then dropped as usual: the NIC keeps the
+    /// memory until it can let go).
+    pub fn into_vec(mut self) -> Result<Vec<u8>> {
+        if self.placement() != Placement::Caller {
+            return Err(Error::NotReturnable);
+        }
+        let lkey = self.lkey;
+        // When this returns, the engine has dropped its handle on the memory.
+        self.dev.call(move |st| st.nic.dereg_mr(lkey).map(drop))??;
+        self.registered = false;
+        let buf = std::mem::replace(&mut self.buf, Arc::new(DmaBuf::zeroed(0)));
+        Arc::try_unwrap(buf)
+            .ok()
+            .and_then(DmaBuf::into_vec)
+            .ok_or(Error::NotReturnable)
+    }
     /// Copy `data` into the region at `offset`; false if it does not fit.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         self.buf.write(offset, data)
@@ -428,6 +473,9 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
         let lkey = self.lkey;
         let _ = self.dev.engine.submit(Box::new(move |st| {
             let _ = st.nic.dereg_mr(lkey);

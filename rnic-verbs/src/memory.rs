@@ -44,6 +44,8 @@ pub enum Placement {
     HugeTlb,
     /// Base pages with transparent huge pages advised (the kernel decides).
     TransparentHuge,
+    /// The caller's own buffer (`ProtectionDomain::register_vec`).
+    Caller,
 }
 
 /// 2 MiB: the huge page size rnic asks hugetlbfs for.
@@ -55,6 +57,13 @@ enum Storage {
         ptr: NonNull<AtomicU64>,
         words: usize,
         map_len: usize,
+    },
+    /// A caller's `Vec<u8>`, taken apart: 8-byte aligned, its length padded
+    /// to whole words; put back together on drop or by `into_vec`.
+    Caller {
+        ptr: NonNull<AtomicU64>,
+        words: usize,
+        capacity: usize,
     },
 }
 
@@ -84,12 +93,16 @@ impl fmt::Debug for DmaBuf {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
-        if let Storage::Mapped { ptr, map_len, .. } = self.storage {
-            // SAFETY: the mapping was made by `DmaBuf::map` with this length,
-            // and no reference into it outlives `self`.
-            unsafe {
-                let _ = rustix::mm::munmap(ptr.as_ptr().cast(), map_len);
+        match self.storage {
+            Storage::Mapped { ptr, map_len, .. } => {
+                // SAFETY: the mapping was made by `DmaBuf::map` with this
+                // length, and no reference into it outlives `self`.
+                unsafe {
+                    let _ = rustix::mm::munmap(ptr.as_ptr().cast(), map_len);
+                }
             }
+            Storage::Caller { .. } => drop(self.take_vec()),
+            Storage::Heap(_) => {}
         }
     }
 }
@@ -132,6 +145,67 @@ impl DmaBuf {
                 b.placement = Placement::TransparentHuge;
                 Ok(b)
             }),
+        }
+    }
+
+    /// Take over the caller's buffer: the NIC and the caller then share it
+    /// through atomic words, as with any other region. It must be 8-byte
+    /// aligned (what the system allocator gives any `Vec<u8>` here); it is
+    /// padded with zeros to whole words, which `into_vec` takes off again.
+    pub fn from_vec(mut v: Vec<u8>) -> Result<DmaBuf, Vec<u8>> {
+        let len = v.len();
+        v.resize(len.div_ceil(8) * 8, 0);
+        if v.as_ptr() as usize % 8 != 0 {
+            v.truncate(len);
+            return Err(v);
+        }
+        let words = v.len() / 8;
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let capacity = v.capacity();
+        let Some(ptr) = NonNull::new(v.as_mut_ptr().cast::<AtomicU64>()) else {
+            return Err(std::mem::ManuallyDrop::into_inner(v));
+        };
+        Ok(DmaBuf {
+            // The buffer is initialised, aligned for u64 and a whole number of
+            // words, and now owned here alone: a valid [AtomicU64].
+            storage: Storage::Caller {
+                ptr,
+                words,
+                capacity,
+            },
+            len,
+            placement: Placement::Caller,
+        })
+    }
+
+    /// The caller's buffer back (`None` if this region was not one).
+    pub fn into_vec(mut self) -> Option<Vec<u8>> {
+        match self.storage {
+            Storage::Caller { .. } => {
+                let mut v = self.take_vec();
+                v.truncate(self.len);
+                self.storage = Storage::Heap(Box::new([]));
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
+    /// Rebuild the caller's vector; `self.storage` must then not be used as
+    /// a `Caller` again.
+    fn take_vec(&mut self) -> Vec<u8> {
+        match std::mem::replace(&mut self.storage, Storage::Heap(Box::new([]))) {
+            // SAFETY: ptr, length and capacity are those of the vector taken
+            // apart in `from_vec`, and the storage no longer refers to it.
+            Storage::Caller {
+                ptr,
+                words,
+                capacity,
+            } => unsafe { Vec::from_raw_parts(ptr.as_ptr().cast::<u8>(), words * 8, capacity) },
+            other => {
+                self.storage = other;
+                Vec::new()
+            }
         }
     }
 
@@ -186,8 +260,8 @@ impl DmaBuf {
         match &self.storage {
             Storage::Heap(w) => w,
             // SAFETY: `ptr` points at `words` initialised AtomicU64s that live
-            // until `self` is dropped.
-            Storage::Mapped { ptr, words, .. } => unsafe {
+            // until `self` is dropped (a mapping, or the caller's vector).
+            Storage::Mapped { ptr, words, .. } | Storage::Caller { ptr, words, .. } => unsafe {
                 std::slice::from_raw_parts(ptr.as_ptr(), *words)
             },
         }
@@ -332,6 +406,35 @@ mod tests {
             p => assert_eq!(p, Placement::TransparentHuge),
         }
         assert!(h.write((3 << 20) - 1, &[1]));
+    }
+
+    #[test]
+    fn a_callers_vector_goes_in_and_comes_back() {
+        // Rust promises a Vec<u8> no alignment; the system allocator gives 16
+        // bytes, Miri as little as it may. An unaligned one comes back as it was.
+        let mut b = None;
+        for _ in 0..64 {
+            match DmaBuf::from_vec((0..13).collect()) {
+                Ok(buf) => {
+                    b = Some(buf);
+                    break;
+                }
+                Err(v) => assert_eq!(v, (0..13).collect::<Vec<u8>>()),
+            }
+        }
+        let b = b.expect("an 8-byte aligned vector in 64 tries");
+        assert_eq!((b.len(), b.placement()), (13, Placement::Caller));
+        assert_eq!(b.addr() % 8, 0);
+        assert!(b.write(11, &[0xAA, 0xBB]));
+        assert!(!b.write(12, &[0, 0]), "the padding is not the caller's");
+        let back = b.into_vec().unwrap();
+        let mut want: Vec<u8> = (0..13).collect();
+        want[11] = 0xAA;
+        want[12] = 0xBB;
+        assert_eq!(back, want);
+        // Dropped without into_vec: freed, once (Miri checks this).
+        drop(DmaBuf::from_vec(vec![1u8; 100]));
+        assert_eq!(DmaBuf::zeroed(8).into_vec(), None);
     }
 
     #[test]

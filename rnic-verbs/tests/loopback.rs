@@ -550,3 +550,32 @@ fn a_one_gib_write_arrives_intact() {
         assert!(got == chunk(i), "MiB {i} differs");
     }
 }
+
+#[test]
+fn the_callers_own_buffer_is_written_in_place_and_given_back() {
+    let (a, b) = pair();
+    let pd_b = b._pd.clone();
+    let mine: Vec<u8> = (0..1000u32).map(|i| (i % 7) as u8).collect();
+    let mr = pd_b
+        .register_vec(mine.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!((mr.len(), mr.placement()), (1000, Placement::Caller));
+    assert!(a.mr.write(0, b"placed by the NIC"));
+    a.qp.post_send(wr(
+        1,
+        SendOp::Write {
+            remote_addr: mr.addr() + 100,
+            rkey: mr.rkey(),
+            imm: None,
+        },
+        vec![a.mr.sge(0, 17)],
+    ))
+    .unwrap();
+    assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
+    let back = mr.into_vec().unwrap();
+    let mut want = mine;
+    want[100..117].copy_from_slice(b"placed by the NIC");
+    assert_eq!(back, want);
+    // Memory rnic allocated is not the caller's to take.
+    assert!(matches!(a.mr.into_vec(), Err(Error::NotReturnable)));
+}
