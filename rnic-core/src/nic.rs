@@ -419,6 +419,15 @@ impl Nic {
         self.exec_log.as_deref().unwrap_or(&[])
     }
 
+    /// The UDP source port of QP `qpn`'s packets, which the ICRC covers: the
+    /// driver must send them from exactly this port. Overrides
+    /// [`Nic::set_udp_source_port`] for this QP.
+    pub fn set_qp_source_port(&mut self, qpn: u32, port: u16) -> Result<(), VerbError> {
+        let qp = self.qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        qp.src_port = Some(port);
+        Ok(())
+    }
+
     /// Memory regions and protection domains.
     pub fn memory(&self) -> &Memory {
         &self.mem

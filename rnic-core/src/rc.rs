@@ -226,6 +226,8 @@ pub(crate) struct Qp {
     pub scratch: Vec<u8>,
     /// The shared receive queue this QP takes receives from, if any.
     pub srq: Option<SrqHandle>,
+    /// The UDP source port this QP's packets carry, if the driver chose one.
+    pub src_port: Option<u16>,
 }
 
 impl Qp {
@@ -264,6 +266,7 @@ impl Qp {
             rd_atomic: VecDeque::new(),
             scratch: Vec::new(),
             srq: None,
+            src_port: None,
         }
     }
 
@@ -348,7 +351,7 @@ impl Qp {
             ctx.counters.send_err += 1;
             return;
         }
-        let src_port = ctx.src_port.unwrap_or_else(|| {
+        let src_port = self.src_port.or(ctx.src_port).unwrap_or_else(|| {
             rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
         });
         let n = buf.len();

@@ -64,6 +64,9 @@ pub(crate) struct EngineState {
     /// A tracing span per queue pair: received packets and the verbs on a
     /// QP run inside it.
     pub qp_spans: HashMap<u32, tracing::Span>,
+    /// Sockets that send from a queue pair's own UDP source port (the
+    /// socket on 4791 receives everything and sends the rest).
+    pub send_sockets: HashMap<u16, UdpSocket>,
     pub stop: bool,
 }
 
@@ -74,6 +77,25 @@ impl EngineState {
             .get(&qpn)
             .cloned()
             .unwrap_or_else(tracing::Span::none)
+    }
+
+    /// A UDP source port for a queue pair: `preferred` (rdma_rxe's hash of
+    /// the two QP numbers, in 0xC000-0xFFFF) or the next free one after it,
+    /// with a socket bound there to send from. Queue pairs whose ports
+    /// coincide share the socket. `None` if none of 64 ports could be bound.
+    pub fn source_port(&mut self, preferred: u16) -> Option<u16> {
+        let addr = self.nic.addr();
+        for i in 0..64u16 {
+            let port = 0xC000 | (preferred.wrapping_add(i) & 0x3FFF);
+            if self.send_sockets.contains_key(&port) {
+                return Some(port);
+            }
+            if let Ok(s) = open_socket(addr, port) {
+                self.send_sockets.insert(port, s);
+                return Some(port);
+            }
+        }
+        None
     }
 
     pub fn now(&self) -> Time {
@@ -124,8 +146,8 @@ pub(crate) struct Engine {
 /// The UDP port of RoCE v2.
 pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
 
-fn open_socket(addr: IpAddr) -> io::Result<UdpSocket> {
-    let socket = UdpSocket::bind(SocketAddr::new(addr, ROCE_PORT))?;
+fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
+    let socket = UdpSocket::bind(SocketAddr::new(addr, port))?;
     socket.set_nonblocking(true)?;
     if addr.is_ipv4() {
         // DF on every datagram and IPv4 identification 0: the ICRC convention.
@@ -147,7 +169,7 @@ fn open_socket(addr: IpAddr) -> io::Result<UdpSocket> {
 impl Engine {
     /// Bind `addr`:4791 and start the engine thread.
     pub fn start(addr: IpAddr, seed: u64) -> io::Result<Engine> {
-        let socket = open_socket(addr)?;
+        let socket = open_socket(addr, ROCE_PORT)?;
         crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let wake_engine = wake.try_clone()?;
@@ -169,6 +191,7 @@ impl Engine {
                     events: None,
                     capture: None,
                     qp_spans: HashMap::new(),
+                    send_sockets: HashMap::new(),
                     stop: false,
                 };
                 run(state, socket, job_rx, wake_engine, addr);
@@ -289,12 +312,23 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
             for d in &tx {
                 st.observe(true, now, d);
             }
-            let out: Vec<(SocketAddr, &[u8])> = tx
-                .iter()
-                .map(|d| (SocketAddr::new(d.dst, ROCE_PORT), &d.payload[..]))
-                .collect();
-            // Datagrams the socket buffer refused are lost, as on a full link.
-            let _ = crate::udp::send(socket.as_fd(), &out);
+            // Each run of datagrams from one source port goes out of the
+            // socket bound to it (the ICRC covers the port).
+            let mut rest = &tx[..];
+            while let Some(first) = rest.first() {
+                let run = rest
+                    .iter()
+                    .take_while(|d| d.src_port == first.src_port)
+                    .count();
+                let out: Vec<(SocketAddr, &[u8])> = rest[..run]
+                    .iter()
+                    .map(|d| (SocketAddr::new(d.dst, ROCE_PORT), &d.payload[..]))
+                    .collect();
+                let from = st.send_sockets.get(&first.src_port).unwrap_or(&socket);
+                // Datagrams the socket buffer refused are lost, as on a full link.
+                let _ = crate::udp::send(from.as_fd(), &out);
+                rest = &rest[run..];
+            }
             busy = true;
         }
         // Completions to the application's queues.

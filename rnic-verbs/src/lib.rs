@@ -653,11 +653,19 @@ impl QueuePair {
             max_rd_atomic: o.max_rd_atomic,
             ..QpAttr::default()
         };
-        self.dev.call(move |st| {
+        let remote_qpn = remote.qpn;
+        let port = self.dev.call(move |st| {
             let now = st.now();
-            st.nic.to_rts(now, qpn, &attr)
+            st.nic.to_rts(now, qpn, &attr)?;
+            // Flow entropy for ECMP, as rdma_rxe gives it: a source port per
+            // QP pair, from a socket of its own; 4791 if none can be bound.
+            let preferred = rnic_wire::encap::udp::rxe_src_port(qpn, remote_qpn);
+            match st.source_port(preferred) {
+                Some(p) => st.nic.set_qp_source_port(qpn, p).map(|()| p),
+                None => Ok(engine::ROCE_PORT),
+            }
         })??;
-        tracing::debug!(device = %self.dev.addr(), qpn, remote = %remote.addr, remote_qpn = remote.qpn, "queue pair connected");
+        tracing::debug!(device = %self.dev.addr(), qpn, remote = %remote.addr, remote_qpn = remote.qpn, udp_source_port = port, "queue pair connected");
         Ok(())
     }
 

@@ -579,3 +579,33 @@ fn the_callers_own_buffer_is_written_in_place_and_given_back() {
     // Memory rnic allocated is not the caller's to take.
     assert!(matches!(a.mr.into_vec(), Err(Error::NotReturnable)));
 }
+
+#[test]
+fn each_connection_sends_from_its_own_udp_source_port() {
+    let (a, b) = pair();
+    let tap = a._dev.tap().unwrap();
+    for id in 0..2 {
+        a.qp.post_send(wr(
+            id,
+            SendOp::Write {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+                imm: None,
+            },
+            vec![a.mr.sge(0, 64)],
+        ))
+        .unwrap();
+        assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
+    }
+    let sent: Vec<u16> = tap
+        .try_iter()
+        .filter(|e| e.sent)
+        .map(|e| e.datagram.src_port)
+        .collect();
+    assert_eq!(sent.len(), 2);
+    // rdma_rxe's choice for this pair of QPs (each device has an address of
+    // its own, so the port is free), and the receiver verified the ICRC over
+    // it: the WRITEs completed.
+    let want = rnic_wire::encap::udp::rxe_src_port(a.qp.qpn(), b.qp.qpn());
+    assert_eq!(sent, [want, want]);
+}
