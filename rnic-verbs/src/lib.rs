@@ -43,7 +43,7 @@ use crossbeam_channel::Receiver;
 use rnic_core::cq::CqHandle;
 use rnic_core::mem::PdHandle;
 pub use rnic_core::mem::{Access, MwBind};
-use rnic_core::qp::{AddressVector, QpAttr, QpState};
+pub use rnic_core::qp::{AddressVector, AttrMask, QpAttr, QpState};
 pub use rnic_core::qp::{Mtu, QpType};
 pub use rnic_core::srq::AsyncEvent;
 use rnic_core::srq::SrqHandle;
@@ -184,6 +184,35 @@ impl Device {
         }
     }
 
+    /// What the device supports (`ibv_query_device`).
+    pub fn query_device(&self) -> DeviceAttr {
+        DEVICE_ATTR
+    }
+
+    /// Its one port (`ibv_query_port`): always active; the active MTU is the
+    /// largest IB MTU whose packets fit the link (loopback carries 64 KiB
+    /// frames; any other address is taken to be 1500-byte Ethernet).
+    pub fn query_port(&self) -> PortAttr {
+        let link_mtu = if self.addr().is_loopback() {
+            65536
+        } else {
+            1500
+        };
+        // IPv6 + UDP + BTH + the largest extension headers + ICRC.
+        let overhead = 40 + 8 + 12 + 28 + 4;
+        PortAttr {
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::for_link(link_mtu, overhead).unwrap_or(Mtu::Mtu256),
+            gid_tbl_len: 1,
+            gid: self.gid(),
+        }
+    }
+
+    /// GID `index` of the port (`ibv_query_gid`): there is one, index 0.
+    pub fn query_gid(&self, index: u32) -> Option<Ipv6Addr> {
+        (index == 0).then(|| self.gid())
+    }
+
     /// Receive every packet the NIC sends or receives from now on.
     pub fn tap(&self) -> Result<TapReceiver> {
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -260,6 +289,19 @@ impl Device {
     }
 }
 
+/// The port's attributes (`ibv_port_attr`, what rnic has of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// The largest path MTU the port supports.
+    pub max_mtu: Mtu,
+    /// The largest path MTU that fits the link.
+    pub active_mtu: Mtu,
+    /// GIDs in the table.
+    pub gid_tbl_len: u32,
+    /// GID 0, RoCE v2.
+    pub gid: Ipv6Addr,
+}
+
 /// A protection domain.
 #[derive(Debug, Clone)]
 pub struct ProtectionDomain {
@@ -309,6 +351,24 @@ impl ProtectionDomain {
             rkey: keys.rkey,
             registered: true,
         })
+    }
+
+    /// A builder for a queue pair on `send_cq` and `recv_cq`, in the manner
+    /// of `ibv_qp_init_attr`: RC with default capacities unless told
+    /// otherwise.
+    pub fn qp_builder<'a>(
+        &'a self,
+        send_cq: &'a CompletionQueue,
+        recv_cq: &'a CompletionQueue,
+    ) -> QpBuilder<'a> {
+        QpBuilder {
+            pd: self,
+            send_cq,
+            recv_cq,
+            qp_type: QpType::Rc,
+            caps: QpCaps::default(),
+            srq: None,
+        }
     }
 
     /// Create a reliable connected queue pair.
@@ -386,6 +446,65 @@ fn rand_psn(qpn: u32) -> u32 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     (t ^ qpn.wrapping_mul(0x9E37_79B9)) & 0xFF_FFFF
+}
+
+/// Builds a queue pair (`ProtectionDomain::qp_builder`).
+#[derive(Debug)]
+pub struct QpBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    send_cq: &'a CompletionQueue,
+    recv_cq: &'a CompletionQueue,
+    qp_type: QpType,
+    caps: QpCaps,
+    srq: Option<&'a SharedReceiveQueue>,
+}
+
+impl<'a> QpBuilder<'a> {
+    /// RC (the default), UC or UD.
+    pub fn qp_type(mut self, t: QpType) -> Self {
+        self.qp_type = t;
+        self
+    }
+    /// All capacities at once.
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.caps = caps;
+        self
+    }
+    /// Send queue depth.
+    pub fn max_send_wr(mut self, n: u32) -> Self {
+        self.caps.max_send_wr = n;
+        self
+    }
+    /// Receive queue depth.
+    pub fn max_recv_wr(mut self, n: u32) -> Self {
+        self.caps.max_recv_wr = n;
+        self
+    }
+    /// Scatter/gather entries per send.
+    pub fn max_send_sge(mut self, n: u32) -> Self {
+        self.caps.max_send_sge = n;
+        self
+    }
+    /// Scatter/gather entries per receive.
+    pub fn max_recv_sge(mut self, n: u32) -> Self {
+        self.caps.max_recv_sge = n;
+        self
+    }
+    /// Take receives from a shared receive queue.
+    pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+    /// Create it (in RESET: [`QueuePair::modify`] or `connect` takes it on).
+    pub fn build(self) -> Result<QueuePair> {
+        self.pd.create_qp(
+            self.qp_type,
+            self.send_cq,
+            self.recv_cq,
+            self.caps,
+            self.srq,
+        )
+    }
 }
 
 /// Registered memory. Dropping it deregisters it; the memory itself lives on
@@ -763,6 +882,26 @@ impl QueuePair {
             st.nic.post_recv(now, qpn, wr)
         })??;
         Ok(())
+    }
+
+    /// `ibv_modify_qp`: the attributes in `mask` from `attr`, with the
+    /// required and optional attributes of the transition checked as Linux
+    /// checks them.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let (qpn, attr) = (self.qpn, *attr);
+        self.dev.call(move |st| {
+            let now = st.now();
+            let _in_qp = st.qp_span(qpn).entered();
+            tracing::debug!(?mask, state = %attr.qp_state, "modify_qp");
+            st.nic.modify_qp(now, qpn, &attr, mask)
+        })??;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: every attribute.
+    pub fn query(&self) -> Result<QpAttr> {
+        let qpn = self.qpn;
+        Ok(self.dev.call(move |st| st.nic.query_qp(qpn))??)
     }
 
     /// The QP's state.

@@ -609,3 +609,57 @@ fn each_connection_sends_from_its_own_udp_source_port() {
     let want = rnic_wire::encap::udp::rxe_src_port(a.qp.qpn(), b.qp.qpn());
     assert_eq!(sent, [want, want]);
 }
+
+#[test]
+fn builder_modify_and_query_as_ibv_modify_qp_does() {
+    let dev = Device::open_loopback().unwrap();
+    assert_eq!(dev.query_gid(0), Some(dev.gid()));
+    assert_eq!(dev.query_gid(1), None);
+    assert_eq!(dev.query_port().active_mtu, Mtu::Mtu4096);
+    assert_eq!(dev.query_device().max_inline_data, 256);
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd
+        .qp_builder(&cq, &cq)
+        .qp_type(QpType::Uc)
+        .max_send_wr(8)
+        .max_send_sge(2)
+        .build()
+        .unwrap();
+    assert_eq!(qp.state().unwrap(), QpState::Reset);
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    // RESET -> INIT needs the P_Key index and port too, as on Linux.
+    let err = qp
+        .modify(&init, AttrMask::STATE | AttrMask::ACCESS_FLAGS)
+        .unwrap_err();
+    assert!(err.to_string().contains("PKEY_INDEX"), "{err}");
+    qp.modify(
+        &init,
+        AttrMask::STATE | AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT,
+    )
+    .unwrap();
+    let q = qp.query().unwrap();
+    assert_eq!(
+        (q.qp_state, q.qp_access_flags),
+        (QpState::Init, Access::REMOTE_WRITE)
+    );
+    // Two SGEs allowed, three refused at post time.
+    let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Send { imm: None },
+        sg_list: vec![mr.sge(0, 8); 3],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    assert!(matches!(
+        qp.post_send(wr),
+        Err(Error::Verb(VerbError::TooManySge { given: 3, max: 2 }))
+    ));
+}

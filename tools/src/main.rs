@@ -222,7 +222,7 @@ fn main() -> ExitCode {
         }
         Command::Devinfo => match rnic_verbs::Device::open_loopback() {
             Ok(dev) => {
-                let a = rnic_verbs::DEVICE_ATTR;
+                let a = dev.query_device();
                 let ver = env!("CARGO_PKG_VERSION");
                 println!("hca_id:\trnic_{}", dev.addr());
                 println!("\ttransport:\t\t\tInfiniBand (0)");
@@ -240,20 +240,10 @@ fn main() -> ExitCode {
                 println!("\tatomic_cap:\t\t\tATOMIC_HCA (1)");
                 println!("\t\tport:\t1");
                 println!("\t\t\tstate:\t\t\tPORT_ACTIVE (4)");
-                println!("\t\t\tmax_mtu:\t\t4096 (5)");
-                // Loopback carries 64 KiB frames; elsewhere assume 1500-byte Ethernet.
-                let link_mtu = if dev.addr().is_loopback() {
-                    65536
-                } else {
-                    1500
-                };
-                let active = rnic_verbs::Mtu::for_link(link_mtu, 20 + 8 + 12 + 28 + 4)
-                    .unwrap_or(rnic_verbs::Mtu::Mtu256);
-                println!(
-                    "\t\t\tactive_mtu:\t\t{} ({})",
-                    active.bytes(),
-                    active as u8 + 1
-                );
+                let port = dev.query_port();
+                let mtu = |m: rnic_verbs::Mtu| format!("{} ({})", m.bytes(), m as u8 + 1);
+                println!("\t\t\tmax_mtu:\t\t{}", mtu(port.max_mtu));
+                println!("\t\t\tactive_mtu:\t\t{}", mtu(port.active_mtu));
                 println!("\t\t\tlink_layer:\t\tEthernet");
                 println!("\t\t\tGID[  0]:\t\t{}, RoCE v2", dev.gid());
                 println!(
