@@ -129,8 +129,11 @@ pub(crate) enum InMsg {
         rkey: u32,
         remaining: u64,
         first_psn: Psn,
+        /// The bytes (kept only when executions are recorded).
         data: Vec<u8>,
         start_va: u64,
+        /// The RETH's DMA length: a WRITE_WITH_IMM's receive reports it.
+        length: u64,
     },
 }
 

@@ -366,6 +366,7 @@ impl Qp {
                 first_psn: psn,
                 data: Vec::new(),
                 start_va: r.va(),
+                length: len,
             });
         }
         let Some(InMsg::Write {
@@ -400,13 +401,13 @@ impl Qp {
                 first_psn,
                 data,
                 start_va,
+                length,
                 ..
             }) = self.in_msg.take()
             else {
                 return Ok(());
             };
             self.msn = self.msn.wrapping_add(1);
-            let len = data.len();
             self.log(ctx, first_psn, ExecKind::Write { va: start_va, data });
             if let Some(imm) = pkt.immdt() {
                 if let Some(recv) = self.take_recv(ctx) {
@@ -416,7 +417,7 @@ impl Qp {
                             wr_id: recv.wr_id,
                             status: WcStatus::Success,
                             opcode: WcOpcode::RecvRdmaWithImm,
-                            byte_len: len as u32,
+                            byte_len: length as u32,
                             imm_data: Some(imm.immediate()),
                             qp_num: self.qpn,
                             src_qp: None,

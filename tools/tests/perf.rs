@@ -33,11 +33,11 @@ fn perf_json_for_every_operation() {
     let out = rnic(&["perf", "write", "-s", "64", "-n", "50", "--lat"]);
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("t_p99[usec]"));
-    // Several QPs, both directions: twice the messages.
+    // Many QPs, both directions: twice the messages.
     let out = rnic(&[
-        "perf", "send", "-s", "4096", "-n", "100", "-q", "3", "--bidir", "--json",
+        "perf", "send", "-s", "4096", "-n", "400", "-q", "16", "--bidir", "--json",
     ]);
-    check("send -q 3 --bidir", &out, "200");
+    check("send -q 16 --bidir", &out, "800");
 }
 
 /// Wait (bounded) for a child, killing it if it overstays.
