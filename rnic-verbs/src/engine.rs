@@ -1,6 +1,10 @@
-//! The engine thread: it owns the `Nic` and the UDP socket on port 4791, runs
-//! every event through rnic-core, and hands completions to the application
-//! through lock-free queues.
+//! The engine: the `Nic` and its UDP sockets behind one lock. A verb runs on
+//! the application's own thread: it takes the lock, calls rnic-core, sends
+//! what that produced and hands out completions, so posting a request costs
+//! no thread switch. The engine thread does the rest: it sleeps in poll(2)
+//! until a datagram arrives or a timer is due, then takes the lock and runs
+//! it through rnic-core. Completions reach the application through lock-free
+//! queues.
 //!
 //! What the ICRC check covers on this path: a UDP socket cannot see the IP
 //! header, so the ICRC of a received packet is verified under the convention
@@ -15,10 +19,13 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
 use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
@@ -50,10 +57,7 @@ pub(crate) struct CqSink {
     pub notify: Option<crate::channel::Notify>,
 }
 
-/// Work for the engine thread.
-pub(crate) type Job = Box<dyn FnOnce(&mut EngineState) + Send>;
-
-/// What the engine thread owns.
+/// What the engine's lock guards.
 pub(crate) struct EngineState {
     pub nic: Nic,
     pub start: Instant,
@@ -67,7 +71,11 @@ pub(crate) struct EngineState {
     /// Sockets that send from a queue pair's own UDP source port (the
     /// socket on 4791 receives everything and sends the rest).
     pub send_sockets: HashMap<u16, UdpSocket>,
-    pub stop: bool,
+    /// The device's span: queue pairs' spans are its children, whichever
+    /// thread runs them.
+    pub span: tracing::Span,
+    /// Datagrams waiting to be sent, reused.
+    tx: Vec<Datagram>,
 }
 
 impl EngineState {
@@ -96,6 +104,63 @@ impl EngineState {
             }
         }
         None
+    }
+
+    /// After anything that may have produced packets, completions or events:
+    /// send the packets, deliver the rest.
+    fn pump(&mut self, socket: &UdpSocket) {
+        let now = self.now();
+        loop {
+            let mut tx = std::mem::take(&mut self.tx);
+            tx.clear();
+            while tx.len() < crate::udp::BATCH {
+                match self.nic.poll_transmit() {
+                    Some(d) => tx.push(d),
+                    None => break,
+                }
+            }
+            if tx.is_empty() {
+                self.tx = tx;
+                break;
+            }
+            for d in &tx {
+                self.observe(true, now, d);
+            }
+            // Each run of datagrams from one source port goes out of the
+            // socket bound to it (the ICRC covers the port).
+            let mut rest = &tx[..];
+            while let Some(first) = rest.first() {
+                let run = rest
+                    .iter()
+                    .take_while(|d| d.src_port == first.src_port)
+                    .count();
+                let out: Vec<(SocketAddr, &[u8])> = rest[..run]
+                    .iter()
+                    .map(|d| (SocketAddr::new(d.dst, ROCE_PORT), &d.payload[..]))
+                    .collect();
+                let from = self.send_sockets.get(&first.src_port).unwrap_or(socket);
+                // Datagrams the socket buffer refused are lost, as on a full link.
+                let _ = crate::udp::send(from.as_fd(), &out);
+                rest = &rest[run..];
+            }
+            self.tx = tx;
+        }
+        for (h, sink) in &self.cqs {
+            if let Ok(done) = self.nic.poll_cq(*h, usize::MAX) {
+                let any = !done.is_empty();
+                for c in done {
+                    let _ = sink.tx.send(c);
+                }
+                if let (true, Some(n)) = (any, &sink.notify) {
+                    n.completed(*h);
+                }
+            }
+        }
+        while let Some(e) = self.nic.poll_async_event() {
+            if let Some(tx) = &self.events {
+                let _ = tx.send(e);
+            }
+        }
     }
 
     pub fn now(&self) -> Time {
@@ -135,10 +200,31 @@ impl EngineState {
     }
 }
 
-/// The application's handle on the engine thread.
-pub(crate) struct Engine {
-    jobs: Sender<Job>,
+/// What the engine thread and the application's threads share.
+struct Shared {
+    state: Mutex<EngineState>,
+    /// The socket on 4791: it receives everything.
+    socket: UdpSocket,
+    /// Wakes the engine thread from poll(2).
     wake: OwnedFd,
+    /// When the engine thread means to wake up (ns on the engine's clock;
+    /// `u64::MAX` while it is awake): a verb that sets an earlier timer
+    /// wakes it, and no other does.
+    sleeping_until: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn wake(&self) {
+        // An eventfd write only fails when the counter would overflow, which
+        // already means "awake".
+        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
+    }
+}
+
+/// The application's handle on the engine.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     pub addr: IpAddr,
 }
@@ -172,66 +258,67 @@ impl Engine {
         let socket = open_socket(addr, ROCE_PORT)?;
         crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
-        let wake_engine = wake.try_clone()?;
-        let (jobs, job_rx) = crossbeam_channel::unbounded::<Job>();
+        let span = tracing::info_span!("rnic_engine", %addr);
+        let mut nic = Nic::new(addr, seed);
+        // Packets of QPs without a port of their own leave from 4791.
+        nic.set_udp_source_port(Some(ROCE_PORT));
+        let state = EngineState {
+            nic,
+            start: Instant::now(),
+            cqs: HashMap::new(),
+            tap: None,
+            events: None,
+            capture: None,
+            qp_spans: HashMap::new(),
+            send_sockets: HashMap::new(),
+            span: span.clone(),
+            tx: Vec::with_capacity(crate::udp::BATCH),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            socket,
+            wake,
+            sleeping_until: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+        });
+        let engine_side = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("rnic-engine-{addr}"))
             .spawn(move || {
-                let span = tracing::info_span!("rnic_engine", %addr);
                 let _entered = span.enter();
                 tracing::debug!("engine started on UDP port {ROCE_PORT}");
-                let mut nic = Nic::new(addr, seed);
-                // One socket sends everything, from port 4791.
-                nic.set_udp_source_port(Some(ROCE_PORT));
-                let state = EngineState {
-                    nic,
-                    start: Instant::now(),
-                    cqs: HashMap::new(),
-                    tap: None,
-                    events: None,
-                    capture: None,
-                    qp_spans: HashMap::new(),
-                    send_sockets: HashMap::new(),
-                    stop: false,
-                };
-                run(state, socket, job_rx, wake_engine, addr);
+                run(&engine_side, addr);
             })?;
         Ok(Engine {
-            jobs,
-            wake,
+            shared,
             thread: Some(thread),
             addr,
         })
     }
 
-    /// Run `f` on the engine thread and wait for its result.
-    pub fn call<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut EngineState) -> R + Send + 'static,
-    ) -> io::Result<R> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.submit(Box::new(move |st| {
-            let _ = tx.send(f(st));
-        }))?;
-        rx.recv()
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the engine thread has stopped"))
-    }
-
-    /// Queue `job` for the engine thread and wake it.
-    pub fn submit(&self, job: Job) -> io::Result<()> {
-        self.jobs.send(job).map_err(|_| {
-            io::Error::new(io::ErrorKind::BrokenPipe, "the engine thread has stopped")
-        })?;
-        // An eventfd write only fails when the counter would overflow, which
-        // already means "awake".
-        let _ = rustix::io::write(&self.wake, &1u64.to_ne_bytes());
-        Ok(())
+    /// Run `f` on the engine's state, on this thread, then send what it
+    /// produced and deliver its completions.
+    pub fn call<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        let span = st.span.clone();
+        let _entered = span.enter();
+        let r = f(&mut st);
+        st.pump(&sh.socket);
+        let next = st.nic.next_deadline();
+        drop(st);
+        // A timer earlier than the engine thread's wake-up: tell it.
+        if next.is_some_and(|t| t.0 < sh.sleeping_until.load(Ordering::Acquire)) {
+            sh.wake();
+        }
+        Ok(r)
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        let _ = self.submit(Box::new(|st| st.stop = true));
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -251,22 +338,23 @@ fn busy_poll() -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedFd, addr: IpAddr) {
+fn run(sh: &Shared, addr: IpAddr) {
     let mut rx = crate::udp::RecvBatch::new();
-    let mut tx: Vec<Datagram> = Vec::with_capacity(crate::udp::BATCH);
     let spin = busy_poll();
     let mut idle_since: Option<Instant> = None;
-    while !st.stop {
+    while !sh.stop.load(Ordering::Acquire) {
+        // Receive everything waiting, a batch per system call, each batch
+        // handled under the lock.
         let mut busy = false;
-        while let Ok(job) = jobs.try_recv() {
-            job(&mut st);
-            busy = true;
-        }
-        // Receive everything waiting, a batch per system call.
         loop {
             // ICMP errors from earlier sends (port unreachable) surface
             // here as errors: nothing to receive this round.
-            let n = rx.recv(socket.as_fd()).unwrap_or_default();
+            let n = rx.recv(sh.socket.as_fd()).unwrap_or_default();
+            if n == 0 {
+                break;
+            }
+            busy = true;
+            let mut st = sh.state.lock();
             for i in 0..n {
                 let Some((payload, from)) = rx.get(i) else {
                     st.nic.count_malformed();
@@ -288,94 +376,52 @@ fn run(mut st: EngineState, socket: UdpSocket, jobs: Receiver<Job>, wake: OwnedF
                 st.observe(false, now, &d);
                 st.nic.handle_datagram(now, &d);
             }
-            busy |= n > 0;
+            st.pump(&sh.socket);
             if n < crate::udp::BATCH {
                 break;
             }
         }
-        let now = st.now();
-        if st.nic.next_deadline().is_some_and(|d| d <= now) {
-            st.nic.handle_timeout(now);
-        }
-        // Send what the NIC wants sent, a batch per system call.
-        loop {
-            tx.clear();
-            while tx.len() < crate::udp::BATCH {
-                match st.nic.poll_transmit() {
-                    Some(d) => tx.push(d),
-                    None => break,
-                }
+        let timeout = {
+            let mut st = sh.state.lock();
+            let now = st.now();
+            if st.nic.next_deadline().is_some_and(|d| d <= now) {
+                st.nic.handle_timeout(now);
+                st.pump(&sh.socket);
+                busy = true;
             }
-            if tx.is_empty() {
-                break;
+            if busy {
+                idle_since = None;
+                continue;
             }
-            for d in &tx {
-                st.observe(true, now, d);
+            // Idle: poll on for a while if asked, then sleep until a
+            // datagram, a wake-up, or the next deadline.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < spin {
+                drop(st);
+                std::hint::spin_loop();
+                continue;
             }
-            // Each run of datagrams from one source port goes out of the
-            // socket bound to it (the ICRC covers the port).
-            let mut rest = &tx[..];
-            while let Some(first) = rest.first() {
-                let run = rest
-                    .iter()
-                    .take_while(|d| d.src_port == first.src_port)
-                    .count();
-                let out: Vec<(SocketAddr, &[u8])> = rest[..run]
-                    .iter()
-                    .map(|d| (SocketAddr::new(d.dst, ROCE_PORT), &d.payload[..]))
-                    .collect();
-                let from = st.send_sockets.get(&first.src_port).unwrap_or(&socket);
-                // Datagrams the socket buffer refused are lost, as on a full link.
-                let _ = crate::udp::send(from.as_fd(), &out);
-                rest = &rest[run..];
-            }
-            busy = true;
-        }
-        // Completions to the application's queues.
-        for (h, sink) in &st.cqs {
-            if let Ok(done) = st.nic.poll_cq(*h, usize::MAX) {
-                let any = !done.is_empty();
-                for c in done {
-                    let _ = sink.tx.send(c);
-                }
-                if let (true, Some(n)) = (any, &sink.notify) {
-                    n.completed(*h);
-                }
-            }
-        }
-        while let Some(e) = st.nic.poll_async_event() {
-            if let Some(tx) = &st.events {
-                let _ = tx.send(e);
-            }
-        }
-        if busy {
-            idle_since = None;
-            continue;
-        }
-        // Idle: poll on for a while if asked, then sleep until a datagram, a
-        // job, or the next deadline.
-        let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        let timeout = st
-            .nic
-            .next_deadline()
-            .map(|d| Duration::from_nanos(d.0.saturating_sub(st.now().0)))
-            .unwrap_or(Duration::from_millis(100))
-            .min(Duration::from_millis(100));
+            let until = st
+                .nic
+                .next_deadline()
+                .map_or(now.0 + 100_000_000, |d| d.0.min(now.0 + 100_000_000));
+            // Published under the lock: a verb that sets an earlier timer
+            // after this sees it and wakes us.
+            sh.sleeping_until.store(until, Ordering::Release);
+            Duration::from_nanos(until.saturating_sub(now.0))
+        };
         let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         });
         let mut fds = [
-            PollFd::new(&socket, PollFlags::IN),
-            PollFd::new(&wake, PollFlags::IN),
+            PollFd::new(&sh.socket, PollFlags::IN),
+            PollFd::new(&sh.wake, PollFlags::IN),
         ];
         let _ = poll(&mut fds, Some(&ts));
+        sh.sleeping_until.store(u64::MAX, Ordering::Release);
         let mut counter = [0u8; 8];
-        let _ = rustix::io::read(wake.as_fd(), &mut counter);
+        let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
         idle_since = None;
     }
 }

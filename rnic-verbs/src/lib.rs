@@ -400,7 +400,12 @@ impl ProtectionDomain {
                 if let Some(h) = srq {
                     st.nic.attach_srq(qpn, h)?;
                 }
-                let span = tracing::debug_span!("qp", qpn = format_args!("{qpn:#x}"), ?qp_type);
+                let span = tracing::debug_span!(
+                    parent: &st.span,
+                    "qp",
+                    qpn = format_args!("{qpn:#x}"),
+                    ?qp_type
+                );
                 st.qp_spans.insert(qpn, span);
                 Ok(qpn)
             })??;
@@ -596,9 +601,9 @@ impl Drop for MemoryRegion {
             return;
         }
         let lkey = self.lkey;
-        let _ = self.dev.engine.submit(Box::new(move |st| {
+        let _ = self.dev.engine.call(move |st| {
             let _ = st.nic.dereg_mr(lkey);
-        }));
+        });
     }
 }
 
@@ -620,9 +625,9 @@ impl MemoryWindow {
 impl Drop for MemoryWindow {
     fn drop(&mut self) {
         let rkey = self.rkey();
-        let _ = self.dev.engine.submit(Box::new(move |st| {
+        let _ = self.dev.engine.call(move |st| {
             let _ = st.nic.dealloc_mw(rkey);
-        }));
+        });
     }
 }
 
