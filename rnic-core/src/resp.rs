@@ -466,15 +466,9 @@ impl Qp {
                 new,
             },
         );
-        if !again {
-            self.msn = self.msn.wrapping_add(1);
-        }
-        let msn = self.msn;
+        let msn = self.consume(psn, again);
         self.remember(RdAtomic::Atomic { psn, orig, msn });
         self.atomic_ack(ctx, psn, orig, msn);
-        if !again {
-            self.epsn = psn.next();
-        }
         Ok(())
     }
 
@@ -549,13 +543,20 @@ impl Qp {
         Ok(())
     }
 
-    /// ATOMIC_WRITE or FLUSH at `psn` is done: remember it and answer.
-    fn placed(&mut self, ctx: &mut Ctx<'_>, psn: Psn, again: bool) {
+    /// A one-packet request at `psn` that takes a responder resource is
+    /// done: count it and expect the next PSN, unless it was a re-execution
+    /// (`again`). Returns the MSN to answer with.
+    fn consume(&mut self, psn: Psn, again: bool) -> u32 {
         if !again {
             self.msn = self.msn.wrapping_add(1);
             self.epsn = psn.next();
         }
-        let msn = self.msn;
+        self.msn
+    }
+
+    /// ATOMIC_WRITE or FLUSH at `psn` is done: remember it and answer.
+    fn placed(&mut self, ctx: &mut Ctx<'_>, psn: Psn, again: bool) {
+        let msn = self.consume(psn, again);
         self.remember(RdAtomic::Placed { psn, msn });
         self.empty_read_response(ctx, psn, msn);
     }
