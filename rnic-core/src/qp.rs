@@ -187,6 +187,17 @@ impl Mtu {
             _ => None,
         }
     }
+    /// From its size in bytes (256, 512, 1024, 2048 or 4096).
+    pub const fn from_bytes(bytes: u32) -> Option<Mtu> {
+        match bytes {
+            256 => Some(Mtu::Mtu256),
+            512 => Some(Mtu::Mtu512),
+            1024 => Some(Mtu::Mtu1024),
+            2048 => Some(Mtu::Mtu2048),
+            4096 => Some(Mtu::Mtu4096),
+            _ => None,
+        }
+    }
     /// The largest MTU whose packets fit a link MTU of `link_mtu` bytes with
     /// `overhead` bytes of IP, UDP and IB headers.
     pub fn for_link(link_mtu: usize, overhead: usize) -> Option<Mtu> {
@@ -986,6 +997,11 @@ mod tests {
         assert_eq!(Mtu::for_link(1500, 72), Some(Mtu::Mtu1024));
         assert_eq!(Mtu::for_link(9000, 72), Some(Mtu::Mtu4096));
         assert_eq!(Mtu::for_link(300, 72), None);
+        for v in 1..=5 {
+            let m = Mtu::from_ibv(v).unwrap();
+            assert_eq!(Mtu::from_bytes(m.bytes() as u32), Some(m));
+        }
+        assert_eq!(Mtu::from_bytes(1500), None);
         assert_eq!(Mtu::from_ibv(3), Some(Mtu::Mtu1024));
         assert_eq!(Mtu::from_ibv(6), None);
     }

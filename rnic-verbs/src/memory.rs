@@ -184,7 +184,6 @@ impl DmaBuf {
             Storage::Caller { .. } => {
                 let mut v = self.take_vec();
                 v.truncate(self.len);
-                self.storage = Storage::Heap(Box::new([]));
                 Some(v)
             }
             _ => None,

@@ -116,14 +116,6 @@ enum Command {
     },
 }
 
-/// The path MTU of `bytes`, if it is one.
-fn mtu_of(bytes: u32) -> Option<rnic_verbs::Mtu> {
-    [256, 512, 1024, 2048, 4096]
-        .iter()
-        .position(|&m| m == bytes)
-        .and_then(|i| rnic_verbs::Mtu::from_ibv(i as u32 + 1))
-}
-
 fn main() -> ExitCode {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RNIC_LOG") {
         tracing_subscriber::fmt()
@@ -150,7 +142,7 @@ fn main() -> ExitCode {
             mtu,
             json,
         } => {
-            let Some(mtu) = mtu_of(mtu) else {
+            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
                 eprintln!("rnic perf: the MTU must be 256, 512, 1024, 2048 or 4096");
                 return ExitCode::from(2);
             };
@@ -201,7 +193,7 @@ fn main() -> ExitCode {
             iters,
             mtu,
         } => {
-            let Some(mtu) = mtu_of(mtu) else {
+            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
                 eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
                 return ExitCode::from(2);
             };

@@ -141,20 +141,12 @@ impl Options {
                 "lat" => self.latency = v == "1",
                 "bidir" => self.bidir = v == "1",
                 "all" => self.all_sizes = v == "1",
-                "mtu" => self.mtu = Mtu::from_ibv(mtu_enum(v.parse().ok()?)?)?,
+                "mtu" => self.mtu = Mtu::from_bytes(v.parse().ok()?)?,
                 _ => {}
             }
         }
         Some(())
     }
-}
-
-/// ibv_mtu's enum value for a size in bytes.
-fn mtu_enum(bytes: u32) -> Option<u32> {
-    [256, 512, 1024, 2048, 4096]
-        .iter()
-        .position(|&b| b == bytes)
-        .map(|i| i as u32 + 1)
 }
 
 const T: Duration = Duration::from_secs(30);
