@@ -145,7 +145,14 @@ impl Qp {
         while let Some(w) = self.sq.front() {
             let Some(status) = w.status else { break };
             let Some(w) = self.sq.pop_front() else { break };
-            self.next_wqe = self.next_wqe.saturating_sub(1);
+            if self.next_wqe == 0 {
+                // The request the requester was (re)sending is retired before
+                // it was resent in full (an ACK overtook a go-back-N): carry
+                // on with the next request, from its first packet.
+                self.next_pkt = 0;
+            } else {
+                self.next_wqe -= 1;
+            }
             if status != WcStatus::Success || w.wr.signaled {
                 ctx.complete(self.send_cq, self.send_completion(&w, status));
             }

@@ -11,6 +11,7 @@
 
 mod comp;
 pub mod cq;
+pub mod fuzz;
 pub mod mem;
 pub mod nic;
 pub mod qp;

@@ -2,15 +2,19 @@
 
 #![allow(dead_code, missing_docs)]
 
+use core::net::IpAddr;
 use std::time::Duration;
 
 use rnic_core::cq::CqHandle;
 use rnic_core::mem::{Access, MrKeys, PdHandle};
 use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
+use rnic_core::sim::Datagram;
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
 use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge};
 use rnic_core::QpCaps;
+use rnic_wire::pcap::PcapReader;
+use rnic_wire::{icrc, Frame, IbRepr, LinkType, Opcode, Psn};
 
 pub const A_IOVA: u64 = 0x1_0000_0000;
 pub const B_IOVA: u64 = 0x2_0000_0000;
@@ -224,4 +228,62 @@ impl Pair {
 
 pub fn t(ns: u64) -> Time {
     Time(ns)
+}
+
+/// A's first PSN: Pair starts it just below the 24-bit wrap.
+pub const A_PSN: u32 = 0xFF_FFF0;
+
+/// One captured packet, as far as these tests care.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Seen {
+    pub src: IpAddr,
+    pub opcode: Opcode,
+    pub psn: u32,
+    pub reth: Option<(u64, u32)>,
+    pub syndrome: Option<u8>,
+}
+
+pub fn wire(p: &Pair) -> Vec<Seen> {
+    let pcap = p.c.net.pcap();
+    PcapReader::new(&pcap)
+        .unwrap()
+        .map(|r| {
+            let f = Frame::parse(LinkType::Ethernet, r.unwrap().data).unwrap();
+            assert!(f.icrc_ok());
+            Seen {
+                src: f.ip.src_addr(),
+                opcode: f.ib.bth().opcode(),
+                psn: f.ib.bth().psn().value(),
+                reth: f.ib.reth().map(|r| (r.va(), r.dma_length())),
+                syndrome: f.ib.aeth().map(|a| a.syndrome()),
+            }
+        })
+        .collect()
+}
+
+/// A packet from `src` to `dst`'s QP, with a correct ICRC.
+pub fn craft(src: IpAddr, dst: IpAddr, ib: IbRepr, payload: &[u8]) -> Datagram {
+    let mut buf = vec![0u8; ib.buffer_len()];
+    ib.emit(&mut buf, payload).unwrap();
+    let n = buf.len();
+    let crc = icrc::for_udp(src, dst, 0xC000, &buf[..n - 4]).unwrap();
+    buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    Datagram {
+        src,
+        dst,
+        src_port: 0xC000,
+        payload: buf,
+    }
+}
+
+pub fn psn(v: u32) -> Psn {
+    Psn::new(v)
+}
+
+/// A pair whose wire is recorded, with A's and B's addresses.
+pub fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
+    let mut p = Pair::new(seed, params);
+    p.c.net.record_pcap();
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    (p, a, b)
 }

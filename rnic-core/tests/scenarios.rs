@@ -6,71 +6,12 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use core::net::IpAddr;
 use rnic_core::qp::QpState;
-use rnic_core::sim::{Datagram, DropRule};
+use rnic_core::sim::DropRule;
 use rnic_core::wr::{SendOp, WcStatus};
 use rnic_core::ExecKind;
 use rnic_wire::aeth::{self, NakCode, Syndrome};
-use rnic_wire::pcap::PcapReader;
-use rnic_wire::{bth, icrc, Frame, IbRepr, LinkType, Opcode, Psn};
-
-/// A's first PSN: Pair starts it just below the 24-bit wrap.
-const A_PSN: u32 = 0xFF_FFF0;
-
-/// One captured packet, as far as these tests care.
-#[derive(Debug, Clone, PartialEq)]
-struct Seen {
-    src: IpAddr,
-    opcode: Opcode,
-    psn: u32,
-    reth: Option<(u64, u32)>,
-    syndrome: Option<u8>,
-}
-
-fn wire(p: &Pair) -> Vec<Seen> {
-    let pcap = p.c.net.pcap();
-    PcapReader::new(&pcap)
-        .unwrap()
-        .map(|r| {
-            let f = Frame::parse(LinkType::Ethernet, r.unwrap().data).unwrap();
-            assert!(f.icrc_ok());
-            Seen {
-                src: f.ip.src_addr(),
-                opcode: f.ib.bth().opcode(),
-                psn: f.ib.bth().psn().value(),
-                reth: f.ib.reth().map(|r| (r.va(), r.dma_length())),
-                syndrome: f.ib.aeth().map(|a| a.syndrome()),
-            }
-        })
-        .collect()
-}
-
-/// A packet from `src` to `dst`'s QP, with a correct ICRC.
-fn craft(src: IpAddr, dst: IpAddr, ib: IbRepr, payload: &[u8]) -> Datagram {
-    let mut buf = vec![0u8; ib.buffer_len()];
-    ib.emit(&mut buf, payload).unwrap();
-    let n = buf.len();
-    let crc = icrc::for_udp(src, dst, 0xC000, &buf[..n - 4]).unwrap();
-    buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
-    Datagram {
-        src,
-        dst,
-        src_port: 0xC000,
-        payload: buf,
-    }
-}
-
-fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
-    let mut p = Pair::new(seed, params);
-    p.c.net.record_pcap();
-    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
-    (p, a, b)
-}
-
-fn psn(v: u32) -> Psn {
-    Psn::new(v)
-}
+use rnic_wire::{bth, IbRepr, Opcode};
 
 #[test]
 fn implied_nak_sequence_error_then_partial_write_retry() {
