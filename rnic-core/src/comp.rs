@@ -98,16 +98,13 @@ impl Qp {
             if w.wr.op.is_read_or_atomic() {
                 let missing = w.first_psn.add(w.resp_done);
                 // Requests before the READ/atomic are acknowledged.
-                let was_pending = self.read_gap_pending;
+                let was_retrying = self.retry_started;
                 if missing != self.una {
                     self.una = missing;
                     self.progress(ctx);
                 }
-                if !was_pending {
-                    self.read_gap_pending = true;
-                    if self.spend_retry(ctx) {
-                        self.go_back(missing);
-                    }
+                if !was_retrying {
+                    self.retry_from(ctx, missing);
                 }
                 return false;
             }
@@ -131,7 +128,7 @@ impl Qp {
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
-        self.read_gap_pending = false;
+        self.retry_started = false;
         self.complete_front(ctx);
         if self.una == self.max_sent || self.sq.is_empty() {
             self.ack_deadline = None;
@@ -164,10 +161,18 @@ impl Qp {
         if !self.ack_before(ctx, psn) {
             return;
         }
-        if !self.spend_retry(ctx) {
+        // One go-back-N at a time (as rdma_rxe's started_retry): while the
+        // retransmission is on its way, more NAKs for the same PSN say
+        // nothing new. Without this, a sender of packets ahead of the
+        // responder's PSN (each draws a NAK) spends the whole retry budget
+        // while the retransmission is still in flight. The responder's
+        // progress (an ACK, or a NAK further on) ends the retry; the local
+        // ACK timer still retries if it is lost.
+        if self.retry_started {
+            ctx.counters.seq_nak_ignored += 1;
             return;
         }
-        self.go_back(psn);
+        self.retry_from(ctx, psn);
     }
 
     fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, timer: u8) {
@@ -184,9 +189,10 @@ impl Qp {
             }
             self.rnr_left -= 1;
         }
-        // Wait at least the larger of the responder's timer and our own.
-        let wait =
-            aeth::rnr_timer_micros(timer).max(aeth::rnr_timer_micros(self.attr.min_rnr_timer));
+        // Wait what the NAK's timer names (IBTA 9.7.5.2.8, table 45). The
+        // QP's own min_rnr_timer is what its responder puts in the RNR NAKs
+        // it sends; it has no say here.
+        let wait = aeth::rnr_timer_micros(timer);
         self.rnr_until = Some(ctx.now + std::time::Duration::from_micros(u64::from(wait)));
         self.ack_deadline = None;
         self.go_back(psn);
@@ -209,6 +215,17 @@ impl Qp {
         }
         self.complete_front(ctx);
         self.enter_error(ctx);
+    }
+
+    /// Start a go-back-N retransmission from `psn`, spending one retry;
+    /// false (and the QP in error) if none was left.
+    fn retry_from(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
+        if !self.spend_retry(ctx) {
+            return false;
+        }
+        self.retry_started = true;
+        self.go_back(psn);
+        true
     }
 
     /// Spend one retry; false (and the QP in error) if none was left.
@@ -241,12 +258,9 @@ impl Qp {
         }
         let expected = self.sq[i].first_psn.add(self.sq[i].resp_done);
         if psn != expected {
-            if psn.is_after(expected) && !self.read_gap_pending {
+            if psn.is_after(expected) && !self.retry_started {
                 // A response is missing: ask again from it, once per gap.
-                self.read_gap_pending = true;
-                if self.spend_retry(ctx) {
-                    self.go_back(expected);
-                }
+                self.retry_from(ctx, expected);
             }
             return;
         }
@@ -303,11 +317,10 @@ impl Qp {
             if ctx.now >= t {
                 self.ack_deadline = None;
                 if self.una != self.max_sent && self.state() == QpState::Rts {
-                    if !self.spend_retry(ctx) {
+                    let una = self.una;
+                    if !self.retry_from(ctx, una) {
                         return;
                     }
-                    let una = self.una;
-                    self.go_back(una);
                     self.arm_ack_timer(ctx);
                 }
             }

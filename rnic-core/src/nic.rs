@@ -42,6 +42,8 @@ pub struct Counters {
     pub rcvd_rnr_err: u64,
     /// Sequence-error NAKs received.
     pub rcvd_seq_err: u64,
+    /// Sequence-error NAKs that started no retransmission, one being under way.
+    pub seq_nak_ignored: u64,
     /// Retransmissions started (timeout, sequence NAK, missing READ response).
     pub completer_retry_err: u64,
     /// Requests failed with RETRY_EXC_ERR.
@@ -56,6 +58,17 @@ pub struct Counters {
     pub uc_dropped: u64,
     /// UD packets dropped for a Q_Key that was not the QP's.
     pub qkey_violations: u64,
+    /// Packets dropped for a BTH TVer other than 0 (IBTA 9.2.6; rdma_rxe's
+    /// `hdr_check` drops them too).
+    pub bad_tver: u64,
+    /// Packets dropped because their P_Key does not match the QP's
+    /// (IBTA 9.2.7, 10.9.3: rnic's one P_Key is the default 0xFFFF, which
+    /// matches 0xFFFF and the limited member 0x7FFF).
+    pub pkey_violations: u64,
+    /// Packets dropped because their opcode is of another transport than
+    /// the QP's (a UD or XRC SEND to an RC QP, say; as rdma_rxe's
+    /// `check_type_state`).
+    pub wrong_transport: u64,
     /// UD packets dropped because no receive was posted.
     pub ud_dropped_no_recv: u64,
     /// Packets that could not be built.
@@ -216,6 +229,13 @@ fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
         }
         _ => Ok(()),
     }
+}
+
+/// Whether a packet's P_Key matches the QP's (IBTA 10.9.3): the same
+/// partition (low 15 bits, not 0) and at least one of them a full member.
+fn pkey_matches(packet: u16, qp: u16) -> bool {
+    let (a, b) = (packet & 0x7FFF, qp & 0x7FFF);
+    a != 0 && a == b && (packet | qp) & 0x8000 != 0
 }
 
 /// The first QP number, as on a fresh rdma_rxe device.
@@ -551,11 +571,7 @@ impl Nic {
         let t =
             qp::modify(qp.qp_type, &mut qp.attr, attr, mask, &limits).map_err(VerbError::Modify)?;
         match (t.from, t.to) {
-            (_, QpState::Reset) => {
-                qp.flush(&mut ctx);
-                qp.in_msg = None;
-                qp.rd_atomic.clear();
-            }
+            (_, QpState::Reset) => qp.reset(&mut ctx),
             (QpState::Init, QpState::Rtr) => {
                 qp.epsn = Psn::new(qp.attr.rq_psn);
                 qp.msn = 0;
@@ -788,19 +804,35 @@ impl Nic {
                 return;
             }
         }
+        // IBTA 9.2.6: only transport header version 0 is defined.
+        if pkt.bth().tver() != rnic_wire::bth::TVER {
+            self.counters.bad_tver += 1;
+            return;
+        }
         let qpn = pkt.bth().dest_qp();
         let (qps, mut ctx) = self.parts(now);
         let Some(qp) = qps.get_mut(qpn) else {
             ctx.counters.unknown_qp += 1;
             return;
         };
+        // rnic's P_Key table has one entry (index 0): the default partition.
+        if !pkey_matches(pkt.bth().p_key(), rnic_wire::bth::DEFAULT_P_KEY) {
+            ctx.counters.pkey_violations += 1;
+            return;
+        }
+        // The transport in the opcode must be the QP's own.
+        let transport = match qp.qp_type {
+            QpType::Rc => rnic_wire::Transport::Rc,
+            QpType::Uc => rnic_wire::Transport::Uc,
+            QpType::Ud => rnic_wire::Transport::Ud,
+        };
+        if pkt.info().transport != transport {
+            ctx.counters.wrong_transport += 1;
+            return;
+        }
         if qp.qp_type == QpType::Ud {
-            if pkt.info().transport == rnic_wire::Transport::Ud {
-                ctx.counters.rcvd_pkts += 1;
-                qp.resp_ud(&mut ctx, &pkt, d.src, d.dst);
-            } else {
-                ctx.counters.malformed += 1;
-            }
+            ctx.counters.rcvd_pkts += 1;
+            qp.resp_ud(&mut ctx, &pkt, d.src, d.dst);
             return;
         }
         // A connected QP takes packets from its peer only.
@@ -809,13 +841,6 @@ impl Nic {
             return;
         }
         ctx.counters.rcvd_pkts += 1;
-        // The transport in the opcode must be the QP's: UC packets to a UC
-        // QP, RC packets to an RC QP.
-        let uc_packet = pkt.info().transport == rnic_wire::Transport::Uc;
-        if uc_packet != qp.is_uc() {
-            ctx.counters.malformed += 1;
-            return;
-        }
         if pkt.info().is_request() {
             qp.resp_packet(&mut ctx, &pkt);
         } else {
@@ -844,5 +869,22 @@ impl Nic {
     /// When [`Nic::handle_timeout`] must next be called.
     pub fn next_deadline(&self) -> Option<Time> {
         self.qps.iter().filter_map(Qp::deadline).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pkey_matches;
+
+    #[test]
+    fn pkey_matching_needs_one_full_member() {
+        assert!(pkey_matches(0xFFFF, 0xFFFF));
+        assert!(pkey_matches(0x7FFF, 0xFFFF));
+        assert!(pkey_matches(0xFFFF, 0x7FFF));
+        // Two limited members of one partition cannot talk (IBTA 10.9.3).
+        assert!(!pkey_matches(0x7FFF, 0x7FFF));
+        assert!(!pkey_matches(0x8001, 0xFFFF));
+        // Partition 0 is invalid.
+        assert!(!pkey_matches(0x8000, 0x8000));
     }
 }

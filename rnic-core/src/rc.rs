@@ -215,8 +215,10 @@ pub(crate) struct Qp {
     pub rnr_left: u8,
     pub ack_deadline: Option<Time>,
     pub rnr_until: Option<Time>,
-    /// A READ gap was already answered with a re-read; wait for progress.
-    pub read_gap_pending: bool,
+    /// A go-back-N retransmission is under way (a sequence NAK, a READ gap
+    /// or a timeout started it); until the responder is seen to progress, a
+    /// NAK or gap does not start another.
+    pub retry_started: bool,
 
     // Responder.
     pub rq: VecDeque<RecvWr>,
@@ -260,7 +262,7 @@ impl Qp {
             rnr_left: 0,
             ack_deadline: None,
             rnr_until: None,
-            read_gap_pending: false,
+            retry_started: false,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: 0,
@@ -406,6 +408,30 @@ impl Qp {
         self.attr.qp_state = QpState::Err;
         self.attr.cur_qp_state = QpState::Err;
         self.flush(ctx);
+    }
+
+    /// Back to RESET (`rxe_qp_reset`): the queues are emptied without a
+    /// completion, so a CQ that lives on sees nothing stale from this QP,
+    /// and the transport starts afresh. A receive taken from a shared queue
+    /// for a message in progress goes back to that queue.
+    pub fn reset(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
+            if self.srq.is_some() {
+                self.return_recv(ctx, recv);
+            }
+        }
+        let mut fresh = Qp::new(
+            self.qpn,
+            self.qp_type,
+            self.pd,
+            self.send_cq,
+            self.recv_cq,
+            self.caps,
+        );
+        fresh.attr = self.attr;
+        fresh.srq = self.srq;
+        fresh.src_port = self.src_port;
+        *self = fresh;
     }
 
     /// A request posted to a QP in the error state completes at once, flushed.

@@ -16,6 +16,11 @@ use crate::wr::{Completion, WcOpcode, WcStatus};
 enum Refusal {
     /// NAK with this code; the QP enters the error state.
     Nak(NakCode),
+    /// The receive the SEND landed in cannot hold it: NAK remote operational
+    /// error; the receive completes with this status (LOC_LEN_ERR when the
+    /// message is longer than the buffers, LOC_PROT_ERR when a buffer's
+    /// L_Key, PD, rights or bounds are wrong) and the QP enters the error state.
+    BadReceive(WcStatus),
     /// No receive posted: RNR NAK, try again later.
     NotReady,
 }
@@ -66,14 +71,14 @@ impl Qp {
                 let timer = self.attr.min_rnr_timer;
                 self.send_ack(ctx, Syndrome::RnrNak { timer }, psn);
             }
-            Err(Refusal::Nak(code)) => {
+            Err(refusal) => {
+                let (code, status) = match refusal {
+                    Refusal::BadReceive(status) => (NakCode::RemoteOperationalError, status),
+                    Refusal::Nak(code) => (code, WcStatus::LocQpOpErr),
+                    Refusal::NotReady => return,
+                };
                 self.send_ack(ctx, Syndrome::Nak(code), psn);
                 if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
-                    let status = if code == NakCode::RemoteOperationalError {
-                        WcStatus::LocLenErr
-                    } else {
-                        WcStatus::LocQpOpErr
-                    };
                     ctx.complete(
                         self.recv_cq,
                         Completion {
@@ -221,6 +226,19 @@ impl Qp {
             (None, false) => {}
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
+        let takes_resource = matches!(
+            info.operation,
+            Operation::RdmaReadRequest
+                | Operation::CompareSwap
+                | Operation::FetchAdd
+                | Operation::AtomicWrite
+                | Operation::Flush
+        );
+        if takes_resource && self.attr.max_dest_rd_atomic == 0 {
+            // No responder resources to hold it (IBTA 9.7.5.2.4 class C; as
+            // rdma_rxe's check_resource): an invalid request.
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
         match info.operation {
             Operation::Send => self.exec_send(ctx, pkt, psn)?,
             Operation::RdmaWrite => self.exec_write(ctx, pkt, psn)?,
@@ -276,12 +294,12 @@ impl Qp {
         let payload = pkt.payload();
         if *offset + payload.len() as u64 > sg_len(&recv.sg_list) {
             // The SEND is longer than the receive buffer (rdma_rxe NAKs 0x63).
-            return Err(Refusal::Nak(NakCode::RemoteOperationalError));
+            return Err(Refusal::BadReceive(WcStatus::LocLenErr));
         }
         let pd = self.pd;
         let sgl = recv.sg_list.clone();
         scatter(ctx.mem, pd, &sgl, *offset, payload)
-            .map_err(|_| Refusal::Nak(NakCode::RemoteOperationalError))?;
+            .map_err(|_| Refusal::BadReceive(WcStatus::LocProtErr))?;
         *offset += payload.len() as u64;
         if ctx.exec_log.is_some() {
             data.extend_from_slice(payload);

@@ -263,8 +263,21 @@ pub fn wire(p: &Pair) -> Vec<Seen> {
 
 /// A packet from `src` to `dst`'s QP, with a correct ICRC.
 pub fn craft(src: IpAddr, dst: IpAddr, ib: IbRepr, payload: &[u8]) -> Datagram {
+    craft_raw(src, dst, ib, payload, |_| {})
+}
+
+/// As [`craft`], with `edit` applied to the bytes before the ICRC is
+/// computed: for fields `emit` always writes right (TVer, say).
+pub fn craft_raw(
+    src: IpAddr,
+    dst: IpAddr,
+    ib: IbRepr,
+    payload: &[u8],
+    edit: impl FnOnce(&mut [u8]),
+) -> Datagram {
     let mut buf = vec![0u8; ib.buffer_len()];
     ib.emit(&mut buf, payload).unwrap();
+    edit(&mut buf);
     let n = buf.len();
     let crc = icrc::for_udp(src, dst, 0xC000, &buf[..n - 4]).unwrap();
     buf[n - 4..].copy_from_slice(&crc.to_le_bytes());

@@ -5,11 +5,16 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
-use rnic_core::sim::Datagram;
+use rnic_core::qp::{AttrMask, QpState};
+use rnic_core::sim::{Datagram, DropRule};
+use rnic_core::time::Time;
 use rnic_core::wr::{SendOp, SendWr, WcStatus};
 use rnic_core::Nic;
-use rnic_wire::{IbPacket, Opcode};
+use rnic_wire::aeth::{self, NakCode, Syndrome};
+use rnic_wire::{bth, deth, reth, xrceth, IbPacket, IbRepr, Opcode};
 
 /// Everything `nic` wants to send, taken off its queue.
 fn take_tx(nic: &mut Nic) -> Vec<Datagram> {
@@ -121,4 +126,313 @@ fn ack_retiring_a_request_rewound_into_resumes_at_the_next() {
 #[test]
 fn ack_retiring_a_request_rewound_into_then_an_inline_write() {
     rnr_nak_then_ack_of_the_same_request(true);
+}
+
+/// A's packets to B are lost from now on; B's still reach A.
+fn cut_a_to_b(p: &mut Pair) {
+    let a = p.c.nics[0].addr();
+    p.c.net.drop_rule(DropRule {
+        src: Some(a),
+        opcode: None,
+        psn: None,
+        times: u32::MAX,
+    });
+}
+
+/// A WRITE_ONLY of 8 bytes from A to B's region start, at B's expected PSN.
+fn write_only(p: &Pair) -> IbRepr {
+    let mut ib = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_WRITE_ONLY,
+        p.b.qpn,
+        psn(A_PSN),
+    ));
+    ib.reth = Some(reth::Repr {
+        va: B_IOVA,
+        r_key: p.b.mr.rkey,
+        dma_length: 8,
+    });
+    ib.bth.ack_req = true;
+    ib.payload_len = 8;
+    ib
+}
+
+fn deliver_to_b(p: &mut Pair, d: Datagram) {
+    let now = p.c.now;
+    p.c.nics[1].handle_datagram(now, &d);
+}
+
+/// rdma_rxe's check_type_state: a packet whose opcode belongs to another
+/// transport than the QP's is dropped, even from the QP's peer at the
+/// expected PSN. A UD or XRC SEND must not complete an RC receive.
+#[test]
+fn another_transports_send_is_dropped_by_an_rc_qp() {
+    let mut p = Pair::new(42, &Params::default());
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    p.recv_b(1, 0, 64);
+    let mut ud = IbRepr::new(bth::Repr::new(Opcode::UD_SEND_ONLY, p.b.qpn, psn(A_PSN)));
+    ud.deth = Some(deth::Repr {
+        q_key: 0x1111_1111,
+        src_qp: p.a.qpn,
+    });
+    ud.payload_len = 16;
+    deliver_to_b(&mut p, craft(a, b, ud, &[0xEE; 16]));
+    let mut xrc = IbRepr::new(bth::Repr::new(Opcode::XRC_SEND_ONLY, p.b.qpn, psn(A_PSN)));
+    xrc.xrceth = Some(xrceth::Repr { xrc_srq: 1 });
+    xrc.payload_len = 16;
+    deliver_to_b(&mut p, craft(a, b, xrc, &[0xEE; 16]));
+    assert_eq!(p.c.nics[1].counters().wrong_transport, 2);
+    assert!(p.completions(1).is_empty(), "no RC receive completed");
+    assert!(p.read(1, 0, 64).iter().all(|&x| x == 0));
+    assert!(p.c.nics[0].poll_transmit().is_none() && p.c.nics[1].poll_transmit().is_none());
+    // The receive is still there for a real RC SEND.
+    p.post(2, SendOp::Send { imm: None }, p.sge_a(0, 16));
+    p.run();
+    assert_eq!(p.completions(1)[0].wr_id, 1);
+}
+
+/// IBTA 9.2.6 and 10.9.3 (rdma_rxe's hdr_check and check_keys): a packet
+/// with a TVer other than 0, or a P_Key of another partition, is dropped and
+/// counted; the limited-member form of the default P_Key (0x7FFF) matches.
+#[test]
+fn tver_and_pkey_are_checked_on_receive() {
+    let mut p = Pair::new(43, &Params::default());
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    let data = [0x5A; 8];
+    let bad_tver = craft_raw(a, b, write_only(&p), &data, |buf| buf[1] |= 0x0F);
+    deliver_to_b(&mut p, bad_tver);
+    let mut other_partition = write_only(&p);
+    other_partition.bth.p_key = 0x8001;
+    deliver_to_b(&mut p, craft(a, b, other_partition, &data));
+    let c = p.c.nics[1].counters();
+    assert_eq!((c.bad_tver, c.pkey_violations), (1, 1));
+    assert_eq!(p.c.nics[1].executions().len(), 0);
+    assert_eq!(p.read(1, 0, 8), [0; 8]);
+    let mut limited = write_only(&p);
+    limited.bth.p_key = 0x7FFF;
+    deliver_to_b(&mut p, craft(a, b, limited, &data));
+    assert_eq!(p.read(1, 0, 8), data);
+}
+
+/// IBTA 9.7.5.2.8: after an RNR NAK the requester waits exactly the time
+/// the NAK's timer field names (table 45), not its own min_rnr_timer (which
+/// is what its responder sends). Measured on the simulated clock.
+#[test]
+fn rnr_wait_is_the_naks_timer_to_the_nanosecond() {
+    for (b_timer, wait_us) in [(1u8, 10u64), (14, 1_280), (0, 655_360)] {
+        let params = Params {
+            min_rnr_timer: b_timer,
+            ..Params::default()
+        };
+        let mut p = Pair::new(44, &params);
+        // A's own min_rnr_timer is something else again.
+        let now = p.c.now;
+        let qpn = p.a.qpn;
+        let attr = rnic_core::qp::QpAttr {
+            min_rnr_timer: if b_timer == 0 { 1 } else { 0 },
+            ..p.c.nics[0].query_qp(qpn).unwrap()
+        };
+        p.c.nics[0]
+            .modify_qp(now, qpn, &attr, AttrMask::MIN_RNR_TIMER)
+            .unwrap();
+        p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 16));
+        let send = take_tx(&mut p.c.nics[0]);
+        deliver_to_b(&mut p, send[0].clone());
+        let nak = take_tx(&mut p.c.nics[1]);
+        let t0 = p.c.now;
+        p.c.nics[0].handle_datagram(t0, &nak[0]);
+        let due = t0 + Duration::from_micros(wait_us);
+        assert_eq!(p.c.nics[0].next_deadline(), Some(due), "timer {b_timer}");
+        p.c.nics[0].handle_timeout(Time(due.as_nanos() - 1));
+        assert!(p.c.nics[0].poll_transmit().is_none(), "resent early");
+        p.c.nics[0].handle_timeout(due);
+        let resent = take_tx(&mut p.c.nics[0]);
+        assert_eq!(resent.len(), 1, "resent at the NAK's time");
+        assert_eq!(psn_of(&resent[0]), A_PSN);
+    }
+}
+
+/// max_dest_rd_atomic = 0 leaves the responder no resource for a READ or an
+/// atomic: NAK invalid request (rdma_rxe's check_resource), nothing read
+/// or changed.
+#[test]
+fn no_responder_resources_means_invalid_request() {
+    for op in ["read", "fetch_add"] {
+        let (mut p, _, b) = pair(45, &Params::default());
+        // B: RTS -> SQD -> SQD with max_dest_rd_atomic 0 -> RTS.
+        let now = p.c.now;
+        let qpn = p.b.qpn;
+        let cur = p.c.nics[1].query_qp(qpn).unwrap();
+        for (state, mask) in [
+            (QpState::Sqd, AttrMask::STATE),
+            (QpState::Sqd, AttrMask::MAX_DEST_RD_ATOMIC),
+            (QpState::Rts, AttrMask::STATE),
+        ] {
+            let attr = rnic_core::qp::QpAttr {
+                qp_state: state,
+                max_dest_rd_atomic: 0,
+                ..cur
+            };
+            p.c.nics[1].modify_qp(now, qpn, &attr, mask).unwrap();
+        }
+        let rkey = p.b.mr.rkey;
+        let wr = if op == "read" {
+            SendOp::Read {
+                remote_addr: B_IOVA,
+                rkey,
+            }
+        } else {
+            SendOp::FetchAdd {
+                remote_addr: B_IOVA,
+                rkey,
+                add: 5,
+            }
+        };
+        p.post(1, wr, p.sge_a(0, 8));
+        p.run();
+        assert_eq!(p.completions(0)[0].status, WcStatus::RemInvReqErr, "{op}");
+        let from_b: Vec<_> = wire(&p).into_iter().filter(|s| s.src == b).collect();
+        assert_eq!(from_b.len(), 1);
+        assert_eq!(from_b[0].syndrome, Some(0x61));
+        assert!(p.c.nics[1].executions().is_empty());
+        assert_eq!(p.read(1, 0, 8), [0; 8]);
+    }
+}
+
+/// A receive whose L_Key is wrong completes with LOC_PROT_ERR (the buffer
+/// is not the QP's to write), the SEND is NAKed remote operational error,
+/// and nothing is written; a SEND longer than a good receive stays
+/// LOC_LEN_ERR (rc.rs `send_longer_than_the_receive`).
+#[test]
+fn a_receive_with_a_bad_lkey_is_a_protection_error() {
+    let mut p = Pair::new(46, &Params::default());
+    let now = p.c.now;
+    let bad = rnic_core::wr::RecvWr {
+        wr_id: 7,
+        sg_list: vec![rnic_core::wr::Sge {
+            addr: B_IOVA,
+            length: 64,
+            lkey: p.b.mr.lkey ^ 0x100,
+        }],
+    };
+    p.c.nics[1].post_recv(now, p.b.qpn, bad).unwrap();
+    p.write_a(0, &[0x77; 32]);
+    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 32));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::RemOpErr);
+    let c = p.completions(1);
+    assert_eq!((c[0].wr_id, c[0].status), (7, WcStatus::LocProtErr));
+    assert_eq!(p.read(1, 0, 64), [0; 64]);
+}
+
+/// Moving a QP to RESET empties its queues without a completion (rdma_rxe's
+/// rxe_qp_reset): a CQ shared with other QPs, or the same QP brought back,
+/// sees nothing stale. Then the QP works again.
+#[test]
+fn reset_discards_work_requests_without_completions() {
+    let mut p = Pair::new(47, &Params::default());
+    cut_a_to_b(&mut p);
+    let rkey = p.b.mr.rkey;
+    for i in 0..3 {
+        p.post(
+            i,
+            SendOp::Write {
+                remote_addr: B_IOVA,
+                rkey,
+                imm: None,
+            },
+            p.sge_a(0, 8),
+        );
+    }
+    let now = p.c.now;
+    let recv = rnic_core::wr::RecvWr {
+        wr_id: 10,
+        sg_list: p.sge_a(0, 8),
+    };
+    p.c.nics[0].post_recv(now, p.a.qpn, recv).unwrap();
+    let qpn = p.a.qpn;
+    let mut attr = p.c.nics[0].query_qp(qpn).unwrap();
+    attr.qp_state = QpState::Reset;
+    p.c.nics[0]
+        .modify_qp(now, qpn, &attr, AttrMask::STATE)
+        .unwrap();
+    p.run();
+    assert!(p.completions(0).is_empty(), "no completion from RESET");
+    // Brought back to RTS with fresh PSNs on both sides, it works.
+    let mut q = Pair::new(47, &Params::default());
+    std::mem::swap(&mut q.c.nics[0], &mut p.c.nics[0]);
+    let attr = rnic_core::qp::QpAttr {
+        qp_state: QpState::Reset,
+        ..q.c.nics[0].query_qp(qpn).unwrap()
+    };
+    let rts = rnic_core::qp::QpAttr {
+        dest_qp_num: q.b.qpn,
+        sq_psn: A_PSN,
+        rq_psn: 0x00_b000,
+        ..attr
+    };
+    let now = q.c.now;
+    q.c.nics[0].to_rts(now, qpn, &rts).unwrap();
+    q.a = p.a;
+    q.post(
+        20,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey: q.b.mr.rkey,
+            imm: None,
+        },
+        q.sge_a(0, 8),
+    );
+    q.run();
+    let c = q.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(20, WcStatus::Success)]
+    );
+}
+
+/// One go-back-N at a time (rdma_rxe's started_retry): a stream of
+/// sequence NAKs naming the oldest unacknowledged PSN, sent by someone who
+/// can spoof the responder while the first retransmission is in flight,
+/// starts one retransmission, not one per NAK, and does not exhaust
+/// retry_cnt.
+#[test]
+fn a_stream_of_sequence_naks_starts_one_retransmission() {
+    let params = Params {
+        link: rnic_core::sim::LinkConfig::perfect(Duration::from_micros(100)),
+        retry_cnt: 3,
+        ..Params::default()
+    };
+    let mut p = Pair::new(48, &params);
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+    p.write_a(0, &data);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 4096),
+    );
+    // Ten NAKs for A's first PSN, 2 us apart, while the WRITE is on its way.
+    for i in 0..10u64 {
+        let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_ACKNOWLEDGE, p.a.qpn, psn(A_PSN)));
+        ib.aeth = Some(aeth::Repr {
+            syndrome: Syndrome::Nak(NakCode::PsnSeqError),
+            msn: 0,
+        });
+        let at = p.c.now + Duration::from_micros(2 * i + 1);
+        p.c.net.send(at, craft(b, a, ib, &[]));
+    }
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert_eq!(p.read(1, 0, 4096), data);
+    let n = p.c.nics[0].counters();
+    assert_eq!(n.rcvd_seq_err, 10);
+    assert_eq!(n.seq_nak_ignored, 9);
+    assert_eq!(n.completer_retry_err, 1);
+    assert_eq!(p.c.nics[1].executions().len(), 1);
 }
