@@ -273,6 +273,23 @@ impl Qp {
         };
         let pmtu = self.pmtu();
         let w = &self.sq[i];
+        // A READ response (IBTA 9.4.3) begins with FIRST or ONLY
+        // where the READ request asked from, goes on with MIDDLE, and ends
+        // with LAST or ONLY. A response to a re-issued READ may instead go
+        // on from MIDDLE (rdma_rxe replays a partial READ that way).
+        let k = w.resp_done;
+        let position = pkt.info().position;
+        let final_packet = k + 1 == w.npkts;
+        let fits = match position {
+            rnic_wire::Position::First => k == w.read_start && !final_packet,
+            rnic_wire::Position::Only => k == w.read_start && final_packet,
+            rnic_wire::Position::Middle => k > 0 && !final_packet,
+            rnic_wire::Position::Last => k > 0 && final_packet,
+        };
+        if !fits {
+            ctx.counters.read_response_out_of_order += 1;
+            return;
+        }
         let offset = u64::from(w.resp_done) * pmtu;
         let want = (w.len - offset.min(w.len)).min(pmtu);
         let data = pkt.payload();

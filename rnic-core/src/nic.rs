@@ -34,6 +34,9 @@ pub struct Counters {
     pub unknown_qp: u64,
     /// Duplicate requests received.
     pub duplicate_request: u64,
+    /// Duplicate READs dropped because they were not the same READ or a
+    /// part of it (another R_Key, a range outside it, responses beyond its PSNs).
+    pub duplicate_read_refused: u64,
     /// Requests received ahead of the expected PSN.
     pub out_of_seq_request: u64,
     /// RNR NAKs sent.
@@ -52,6 +55,9 @@ pub struct Counters {
     pub retry_rnr_exceeded_err: u64,
     /// Responses for nothing outstanding (ghost or duplicate ACKs).
     pub ghost_or_duplicate_response: u64,
+    /// READ response packets dropped because their opcode does not fit
+    /// where they fall in the response (a LAST where a FIRST is due, say).
+    pub read_response_out_of_order: u64,
     /// SEND messages received.
     pub rdma_recvs: u64,
     /// UC messages dropped (a PSN gap, or a request that could not be carried out).
@@ -73,6 +79,9 @@ pub struct Counters {
     pub ud_dropped_no_recv: u64,
     /// Packets that could not be built.
     pub send_err: u64,
+    /// Responses dropped because a QP already held its most behind a READ
+    /// response (the requester's retry recovers them).
+    pub responses_dropped: u64,
 }
 
 /// Transport mechanisms that can be switched off, to watch what breaks without
@@ -231,6 +240,9 @@ fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
     }
 }
 
+/// READ response packets one QP generates before the next busy QP's turn.
+const RESPONSE_BURST: usize = 16;
+
 /// Whether a packet's P_Key matches the QP's (IBTA 10.9.3): the same
 /// partition (low 15 bits, not 0) and at least one of them a full member.
 fn pkey_matches(packet: u16, qp: u16) -> bool {
@@ -288,6 +300,9 @@ pub struct Nic {
     src_port: Option<u16>,
     srqs: Vec<Srq>,
     events: VecDeque<AsyncEvent>,
+    busy: VecDeque<u32>,
+    /// The latest time an event brought.
+    now: Time,
 }
 
 impl fmt::Debug for Nic {
@@ -322,6 +337,8 @@ impl Nic {
             src_port: None,
             srqs: Vec::new(),
             events: VecDeque::new(),
+            busy: VecDeque::new(),
+            now: Time::ZERO,
         }
     }
 
@@ -347,8 +364,11 @@ impl Nic {
             src_port,
             srqs,
             events,
+            busy,
+            now: latest,
             ..
         } = self;
+        *latest = now.max(*latest);
         let ctx = Ctx {
             now,
             addr: *addr,
@@ -361,6 +381,7 @@ impl Nic {
             src_port: *src_port,
             srqs,
             events,
+            busy,
         };
         (qps, ctx)
     }
@@ -662,6 +683,7 @@ impl Nic {
             first_psn,
             npkts,
             resp_done: 0,
+            read_start: 0,
             status: None,
         });
         qp.req_poll(&mut ctx);
@@ -861,9 +883,22 @@ impl Nic {
         }
     }
 
-    /// The next datagram to send.
+    /// The next datagram to send. READ responses are generated here, a
+    /// burst per QP in turn, as the caller takes them: a READ of any length
+    /// holds no more than a burst of packets in memory.
     pub fn poll_transmit(&mut self) -> Option<Datagram> {
-        self.tx.pop_front()
+        loop {
+            if let Some(d) = self.tx.pop_front() {
+                return Some(d);
+            }
+            let qpn = self.busy.pop_front()?;
+            let now = self.now;
+            let (qps, mut ctx) = self.parts(now);
+            if let Some(qp) = qps.get_mut(qpn) {
+                qp.busy = false;
+                qp.generate_responses(&mut ctx, RESPONSE_BURST);
+            }
+        }
     }
 
     /// When [`Nic::handle_timeout`] must next be called.

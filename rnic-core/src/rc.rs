@@ -28,9 +28,18 @@ pub(crate) struct Ctx<'a> {
     pub src_port: Option<u16>,
     pub srqs: &'a mut Vec<Srq>,
     pub events: &'a mut VecDeque<AsyncEvent>,
+    /// QPs with responses waiting to be generated ([`Qp::responses`]), in
+    /// the order they are served.
+    pub busy: &'a mut VecDeque<u32>,
 }
 
 impl Ctx<'_> {
+    /// Hand a datagram to the transmit queue.
+    pub fn send(&mut self, d: Datagram) {
+        self.counters.sent_pkts += 1;
+        self.tx.push_back(d);
+    }
+
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
         if let Some(cq) = self.cqs.get_mut(cq.0 as usize) {
             cq.push(c);
@@ -101,6 +110,9 @@ pub(crate) struct SendWqe {
     pub npkts: u32,
     /// READ: response packets received in order so far.
     pub resp_done: u32,
+    /// READ: the response packet the latest READ request (first or
+    /// re-issued) asked from; its answer begins there.
+    pub read_start: u32,
     pub status: Option<WcStatus>,
 }
 
@@ -143,6 +155,10 @@ pub(crate) enum RdAtomic {
     Read {
         psn: Psn,
         npkts: u32,
+        /// What it asked for: a duplicate may ask for part of it, never more.
+        va: u64,
+        len: u64,
+        rkey: u32,
     },
     Atomic {
         psn: Psn,
@@ -155,6 +171,37 @@ pub(crate) enum RdAtomic {
         msn: u32,
     },
 }
+
+/// A READ response being generated, a packet at a time, as the transmit
+/// queue takes them: its state is the same few words whatever the READ's
+/// length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadStream {
+    /// The READ's first PSN: the responder resource it belongs to.
+    pub origin: Psn,
+    /// PSN of the next response packet.
+    pub psn: Psn,
+    /// Where the next packet's payload starts, and the bytes still to send.
+    pub va: u64,
+    pub remaining: u64,
+    pub rkey: u32,
+    /// Whether the next packet is the response's first (FIRST or ONLY).
+    pub first: bool,
+    pub msn: u32,
+}
+
+/// A response the responder owes, in PSN order.
+#[derive(Debug)]
+pub(crate) enum Response {
+    /// READ response packets still to generate.
+    Read(ReadStream),
+    /// A response built while a READ response was ahead of it.
+    Ready { d: Datagram, plain_ack: bool },
+}
+
+/// Responses (other than READ streams) one QP may hold behind a READ
+/// response being generated.
+pub(crate) const MAX_QUEUED_RESPONSES: usize = 64;
 
 /// Queue pair capacities (`ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,6 +274,10 @@ pub(crate) struct Qp {
     pub in_msg: Option<InMsg>,
     pub seq_nak_sent: bool,
     pub rd_atomic: VecDeque<RdAtomic>,
+    /// Responses owed, in PSN order, generated as the transmit queue takes them.
+    pub responses: VecDeque<Response>,
+    /// Whether the QP is in the NIC's busy list.
+    pub busy: bool,
     /// Reused for the payload of each packet sent, to spare an allocation.
     pub scratch: Vec<u8>,
     /// The shared receive queue this QP takes receives from, if any.
@@ -269,6 +320,8 @@ impl Qp {
             in_msg: None,
             seq_nak_sent: false,
             rd_atomic: VecDeque::new(),
+            responses: VecDeque::new(),
+            busy: false,
             scratch: Vec::new(),
             srq: None,
             src_port: None,
@@ -351,10 +404,67 @@ impl Qp {
 
     /// Emit one IB packet to `dest`.
     pub fn transmit_to(&self, ctx: &mut Ctx<'_>, dest: IpAddr, ib: &IbRepr, payload: &[u8]) {
+        if let Some(d) = self.build_datagram(ctx, dest, ib, payload) {
+            ctx.send(d);
+        }
+    }
+
+    /// Emit a response (ACK, NAK, atomic ACK, empty READ response) to the
+    /// connected peer in PSN order: while a READ response is still being
+    /// generated, it waits behind it. Consecutive plain ACKs waiting there
+    /// coalesce (each acknowledges everything before it); beyond
+    /// [`MAX_QUEUED_RESPONSES`] a response is dropped and counted, which RC
+    /// recovers from as from a lost packet.
+    pub fn respond(&mut self, ctx: &mut Ctx<'_>, ib: &IbRepr, payload: &[u8]) {
+        if self.responses.is_empty() {
+            self.transmit(ctx, ib, payload);
+            return;
+        }
+        let Some(dest) = self.attr.ah_attr.map(|a| a.dest) else {
+            return;
+        };
+        let Some(d) = self.build_datagram(ctx, dest, ib, payload) else {
+            return;
+        };
+        let plain_ack = ib.bth.opcode == rnic_wire::Opcode::RC_ACKNOWLEDGE
+            && matches!(
+                ib.aeth.map(|a| a.syndrome),
+                Some(aeth::Syndrome::Ack { .. })
+            );
+        if let Some(Response::Ready {
+            d: last,
+            plain_ack: true,
+        }) = self.responses.back_mut()
+        {
+            if plain_ack {
+                *last = d;
+                return;
+            }
+        }
+        let ready = self
+            .responses
+            .iter()
+            .filter(|r| matches!(r, Response::Ready { .. }))
+            .count();
+        if ready >= MAX_QUEUED_RESPONSES {
+            ctx.counters.responses_dropped += 1;
+            return;
+        }
+        self.responses.push_back(Response::Ready { d, plain_ack });
+    }
+
+    /// One IB packet to `dest` as a datagram, its ICRC computed.
+    fn build_datagram(
+        &self,
+        ctx: &mut Ctx<'_>,
+        dest: IpAddr,
+        ib: &IbRepr,
+        payload: &[u8],
+    ) -> Option<Datagram> {
         let mut buf = vec![0u8; ib.buffer_len()];
         if ib.emit(&mut buf, payload).is_err() {
             ctx.counters.send_err += 1;
-            return;
+            return None;
         }
         let src_port = self.src_port.or(ctx.src_port).unwrap_or_else(|| {
             rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
@@ -364,16 +474,15 @@ impl Qp {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
             Err(_) => {
                 ctx.counters.send_err += 1;
-                return;
+                return None;
             }
         }
-        ctx.counters.sent_pkts += 1;
-        ctx.tx.push_back(Datagram {
+        Some(Datagram {
             src: ctx.addr,
             dst: dest,
             src_port,
             payload: buf,
-        });
+        })
     }
 
     /// A BTH to the peer QP.
@@ -382,13 +491,13 @@ impl Qp {
     }
 
     /// An ACK (or NAK) with `syndrome` for `psn`.
-    pub fn send_ack(&self, ctx: &mut Ctx<'_>, syndrome: aeth::Syndrome, psn: Psn) {
+    pub fn send_ack(&mut self, ctx: &mut Ctx<'_>, syndrome: aeth::Syndrome, psn: Psn) {
         let mut ib = IbRepr::new(self.bth(rnic_wire::Opcode::RC_ACKNOWLEDGE, psn));
         ib.aeth = Some(aeth::Repr {
             syndrome,
             msn: self.msn & 0xFF_FFFF,
         });
-        self.transmit(ctx, &ib, &[]);
+        self.respond(ctx, &ib, &[]);
     }
 
     /// The ACK syndrome with this QP's receive credits. A QP on a shared
@@ -476,6 +585,9 @@ impl Qp {
         self.max_sent = self.sq_psn;
     }
 
+    /// Flush both queues with WR_FLUSH_ERR. Responses still owed for
+    /// requests accepted before the error (READ responses, and the NAK
+    /// behind them that caused it) are still sent, in order; RESET drops them.
     pub fn flush(&mut self, ctx: &mut Ctx<'_>) {
         self.flush_send(ctx);
         if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {

@@ -200,6 +200,7 @@ impl Qp {
             }
             SendOp::Read { remote_addr, rkey } => {
                 // A re-issued READ asks only for what is still missing.
+                self.sq[idx].read_start = k;
                 ib = IbRepr::new(self.bth(Opcode::RC_RDMA_READ_REQUEST, psn));
                 ib.reth = Some(reth::Repr {
                     va: remote_addr.wrapping_add(offset),

@@ -9,7 +9,9 @@ use rnic_wire::{aeth, atomic_ack_eth, IbPacket, IbRepr, Opcode, Operation, Posit
 
 use crate::mem::{Access, MemError};
 use crate::qp::QpState;
-use crate::rc::{scatter, sg_len, Ctx, ExecKind, Execution, InMsg, Qp, RdAtomic};
+use crate::rc::{
+    scatter, sg_len, Ctx, ExecKind, Execution, InMsg, Qp, RdAtomic, ReadStream, Response,
+};
 use crate::wr::{Completion, WcOpcode, WcStatus};
 
 /// Why a request was refused.
@@ -138,26 +140,42 @@ impl Qp {
     fn duplicate(&mut self, ctx: &mut Ctx<'_>, pkt: &IbPacket<&[u8]>, psn: Psn) {
         match pkt.info().operation {
             Operation::RdmaReadRequest => {
-                let known = self.rd_atomic.iter().any(|e| match *e {
-                    RdAtomic::Read { psn: p, npkts } => psn.forward_from(p) < npkts,
-                    _ => false,
-                });
-                if known {
-                    // Re-execute: READ has no side effect at the responder.
-                    if let Some(r) = pkt.reth() {
-                        // The range was readable the first time; if it is not now
-                        // (deregistered meanwhile), answer as for a new request.
-                        if let Err(Refusal::Nak(code)) = self.read_reply(
-                            ctx,
-                            psn,
-                            r.va(),
-                            r.r_key(),
-                            u64::from(r.dma_length()),
-                            true,
-                        ) {
-                            self.send_ack(ctx, Syndrome::Nak(code), psn);
-                        }
+                let Some(r) = pkt.reth() else { return };
+                let (va, len, rkey) = (r.va(), u64::from(r.dma_length()), r.r_key());
+                let pmtu = self.pmtu();
+                // rdma_rxe's duplicate_request: the READ this PSN belongs to,
+                // asked again in whole or in part (same R_Key, a range inside
+                // the original), and its responses must fit the original's
+                // PSNs; anything else is dropped (a class D error).
+                let origin = self.rd_atomic.iter().find_map(|e| match *e {
+                    RdAtomic::Read {
+                        psn: p,
+                        npkts,
+                        va: va0,
+                        len: len0,
+                        rkey: rkey0,
+                    } => {
+                        let k = psn.forward_from(p);
+                        let fits = k < npkts
+                            && rkey == rkey0
+                            && va >= va0
+                            && va.checked_add(len).is_some_and(|end| end <= va0 + len0)
+                            && u64::from(k) + len.div_ceil(pmtu).max(1) <= u64::from(npkts);
+                        fits.then_some(p)
                     }
+                    _ => None,
+                });
+                let Some(origin) = origin else {
+                    ctx.counters.duplicate_read_refused += 1;
+                    return;
+                };
+                // Re-execute: READ has no side effect at the responder.
+                // The range was readable the first time; if it is not now
+                // (deregistered meanwhile), answer as for a new request.
+                if let Err(Refusal::Nak(code)) =
+                    self.read_reply(ctx, origin, psn, va, rkey, len, true)
+                {
+                    self.send_ack(ctx, Syndrome::Nak(code), psn);
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -239,6 +257,10 @@ impl Qp {
             // rdma_rxe's check_resource): an invalid request.
             return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
+        // C9-94: no DMA length beyond 2^31 (rdma_rxe check_length).
+        if pkt.reth().is_some_and(|r| r.dma_length() > 1 << 31) {
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
+        }
         match info.operation {
             Operation::Send => self.exec_send(ctx, pkt, psn)?,
             Operation::RdmaWrite => self.exec_write(ctx, pkt, psn)?,
@@ -247,9 +269,15 @@ impl Qp {
                     return Err(Refusal::Nak(NakCode::InvalidRequest));
                 }
                 let r = pkt.reth().ok_or(Refusal::Nak(NakCode::InvalidRequest))?;
-                let len = u64::from(r.dma_length());
-                let npkts = self.read_reply(ctx, psn, r.va(), r.r_key(), len, false)?;
-                self.remember(RdAtomic::Read { psn, npkts });
+                let (va, len, rkey) = (r.va(), u64::from(r.dma_length()), r.r_key());
+                let npkts = self.read_reply(ctx, psn, psn, va, rkey, len, false)?;
+                self.remember(RdAtomic::Read {
+                    psn,
+                    npkts,
+                    va,
+                    len,
+                    rkey,
+                });
                 self.msn = self.msn.wrapping_add(1);
                 self.epsn = psn.add(npkts);
                 return Ok(());
@@ -580,79 +608,166 @@ impl Qp {
     }
 
     /// The answer to ATOMIC_WRITE and FLUSH: a READ response with no data.
-    fn empty_read_response(&self, ctx: &mut Ctx<'_>, psn: Psn, msn: u32) {
+    fn empty_read_response(&mut self, ctx: &mut Ctx<'_>, psn: Psn, msn: u32) {
         let mut ib = IbRepr::new(self.bth(Opcode::RC_RDMA_READ_RESPONSE_ONLY, psn));
         ib.aeth = Some(aeth::Repr {
             syndrome: self.ack_syndrome(ctx),
             msn: msn & 0xFF_FFFF,
         });
-        self.transmit(ctx, &ib, &[]);
+        self.respond(ctx, &ib, &[]);
     }
 
-    /// Send the READ responses for `len` bytes at `va`, from PSN `psn`; returns
-    /// the number of response packets.
+    /// Answer a READ of `len` bytes at `va` from PSN `psn`, for the READ
+    /// that began at `origin` (itself, unless `duplicate`): check the whole
+    /// range now, then queue the response to be generated a packet at a
+    /// time as the transmit queue takes it ([`Qp::generate_responses`]).
+    /// A duplicate restarts its READ's response if that is still queued,
+    /// rather than queueing a second; a new READ beyond max_dest_rd_atomic
+    /// responses in progress is an invalid request. Returns the number of
+    /// response packets.
+    #[allow(clippy::too_many_arguments)]
     fn read_reply(
         &mut self,
         ctx: &mut Ctx<'_>,
+        origin: Psn,
         psn: Psn,
         va: u64,
         rkey: u32,
         len: u64,
         duplicate: bool,
     ) -> Result<u32, Refusal> {
-        let pmtu = self.pmtu();
-        let span = if len > 0 {
-            Some(
-                ctx.mem
-                    .check_remote(rkey, self.pd, self.qpn, va, len, Access::REMOTE_READ)?,
-            )
-        } else {
-            None
+        if len > 0 {
+            ctx.mem
+                .check_remote(rkey, self.pd, self.qpn, va, len, Access::REMOTE_READ)?;
+        }
+        let npkts = len.div_ceil(self.pmtu()).max(1) as u32;
+        let stream = ReadStream {
+            origin,
+            psn,
+            va,
+            remaining: len,
+            rkey,
+            first: true,
+            msn: if duplicate {
+                self.msn
+            } else {
+                self.msn.wrapping_add(1)
+            },
         };
-        let npkts = len.div_ceil(pmtu).max(1) as u32;
-        let mut data = vec![0u8; len as usize];
-        if let Some(span) = span {
-            ctx.mem.read(span, &mut data);
+        let mut streams = self.responses.iter_mut().filter_map(|r| match r {
+            Response::Read(s) => Some(s),
+            Response::Ready { .. } => None,
+        });
+        if duplicate {
+            if let Some(s) = streams.find(|s| s.origin == origin) {
+                *s = stream;
+                self.log(ctx, psn, ExecKind::Read { va, len, duplicate });
+                return Ok(npkts);
+            }
+        } else if streams.count() >= usize::from(self.attr.max_dest_rd_atomic) {
+            // More READs in progress than this responder granted the
+            // requester (IBTA 9.7.5.2.4 class C).
+            return Err(Refusal::Nak(NakCode::InvalidRequest));
         }
         self.log(ctx, psn, ExecKind::Read { va, len, duplicate });
-        let msn = if duplicate {
-            self.msn
-        } else {
-            self.msn.wrapping_add(1)
-        };
-        for k in 0..npkts {
-            let opcode = match (k == 0, k + 1 == npkts) {
+        self.responses.push_back(Response::Read(stream));
+        if !self.busy {
+            self.busy = true;
+            ctx.busy.push_back(self.qpn);
+        }
+        Ok(npkts)
+    }
+
+    /// Generate up to `budget` READ response packets (and the responses
+    /// queued behind them) into the transmit queue; the QP goes back in the
+    /// busy list if more remain. Each packet reads memory through the R_Key
+    /// again (as rdma_rxe's rxe_recheck_mr): if the region went away
+    /// meanwhile, the READ is NAKed with a remote access error there.
+    pub(crate) fn generate_responses(&mut self, ctx: &mut Ctx<'_>, budget: usize) {
+        let pmtu = self.pmtu();
+        let mut sent = 0;
+        while sent < budget {
+            let Some(front) = self.responses.front_mut() else {
+                return;
+            };
+            let s = match front {
+                Response::Ready { .. } => {
+                    if let Some(Response::Ready { d, .. }) = self.responses.pop_front() {
+                        ctx.send(d);
+                    }
+                    continue;
+                }
+                Response::Read(s) => s,
+            };
+            let take = s.remaining.min(pmtu);
+            let last = take == s.remaining;
+            let opcode = match (s.first, last) {
                 (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
                 (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
                 (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
             };
-            let start = (u64::from(k) * pmtu) as usize;
-            let end = (start + pmtu as usize).min(data.len());
-            let mut ib = IbRepr::new(self.bth(opcode, psn.add(k)));
+            let stream = *s;
+            let mut payload = std::mem::take(&mut self.scratch);
+            payload.clear();
+            payload.resize(take as usize, 0);
+            if take > 0 {
+                match ctx.mem.check_remote(
+                    stream.rkey,
+                    self.pd,
+                    self.qpn,
+                    stream.va,
+                    take,
+                    Access::REMOTE_READ,
+                ) {
+                    Ok(span) => ctx.mem.read(span, &mut payload),
+                    Err(_) => {
+                        self.scratch = payload;
+                        self.responses.clear();
+                        let code = NakCode::RemoteAccessError;
+                        self.send_ack(ctx, Syndrome::Nak(code), stream.psn);
+                        self.enter_error(ctx);
+                        return;
+                    }
+                }
+            }
+            let mut ib = IbRepr::new(self.bth(opcode, stream.psn));
             if opcode
                 .info()
                 .is_some_and(|i| i.has(rnic_wire::ExtHeader::Aeth))
             {
                 ib.aeth = Some(aeth::Repr {
                     syndrome: self.ack_syndrome(ctx),
-                    msn: msn & 0xFF_FFFF,
+                    msn: stream.msn & 0xFF_FFFF,
                 });
             }
-            ib.payload_len = end - start;
-            self.transmit(ctx, &ib, &data[start..end]);
+            ib.payload_len = payload.len();
+            self.transmit(ctx, &ib, &payload);
+            self.scratch = payload;
+            sent += 1;
+            if last {
+                self.responses.pop_front();
+            } else if let Some(Response::Read(s)) = self.responses.front_mut() {
+                s.psn = s.psn.next();
+                s.va = s.va.wrapping_add(take);
+                s.remaining -= take;
+                s.first = false;
+            }
         }
-        Ok(npkts)
+        if !self.responses.is_empty() && !self.busy {
+            self.busy = true;
+            ctx.busy.push_back(self.qpn);
+        }
     }
 
-    fn atomic_ack(&self, ctx: &mut Ctx<'_>, psn: Psn, orig: u64, msn: u32) {
+    fn atomic_ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn, orig: u64, msn: u32) {
         let mut ib = IbRepr::new(self.bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn));
         ib.aeth = Some(aeth::Repr {
             syndrome: self.ack_syndrome(ctx),
             msn: msn & 0xFF_FFFF,
         });
         ib.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig_rem_dt: orig });
-        self.transmit(ctx, &ib, &[]);
+        self.respond(ctx, &ib, &[]);
     }
 
     fn remember(&mut self, e: RdAtomic) {

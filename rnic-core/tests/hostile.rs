@@ -436,3 +436,221 @@ fn a_stream_of_sequence_naks_starts_one_retransmission() {
     assert_eq!(n.completer_retry_err, 1);
     assert_eq!(p.c.nics[1].executions().len(), 1);
 }
+
+/// A READ request from A's address to B at `psn` for `len` bytes at `va`.
+fn read_request(p: &Pair, psn_v: u32, va: u64, rkey: u32, len: u32) -> Datagram {
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    let mut ib = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_READ_REQUEST,
+        p.b.qpn,
+        psn(psn_v),
+    ));
+    ib.reth = Some(reth::Repr {
+        va,
+        r_key: rkey,
+        dma_length: len,
+    });
+    ib.bth.ack_req = true;
+    craft(a, b, ib, &[])
+}
+
+/// One 32-byte request for a 64 MiB region, and three copies of it: the
+/// responder builds nothing until the transmit queue takes packets, then
+/// hands out one response (65,536 packets), not four; a copy restarts the
+/// response in progress instead of queueing another. Memory held per QP is
+/// a few words per READ, whatever its length.
+#[test]
+fn a_huge_read_is_generated_as_it_is_sent_and_copies_do_not_multiply_it() {
+    let mut p = Pair::new(49, &Params::default());
+    const BIG: usize = 64 << 20;
+    const BIG_IOVA: u64 = 0x10_0000_0000;
+    let pd = p.b.pd;
+    let mut region = vec![0u8; BIG];
+    region[BIG - 1] = 0xAB;
+    let keys = p.c.nics[1]
+        .reg_mr(
+            pd,
+            BIG_IOVA,
+            Box::new(region),
+            rnic_core::mem::Access::LOCAL_WRITE | rnic_core::mem::Access::REMOTE_READ,
+        )
+        .unwrap();
+    let req = read_request(&p, A_PSN, BIG_IOVA, keys.rkey, BIG as u32);
+    for _ in 0..4 {
+        deliver_to_b(&mut p, req.clone());
+    }
+    assert_eq!(p.c.nics[1].counters().sent_pkts, 0, "nothing built yet");
+    // The transmit queue takes packets: one burst is built at a time.
+    let first = p.c.nics[1].poll_transmit().unwrap();
+    assert_eq!(opcode(&first), Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert!(p.c.nics[1].counters().sent_pkts <= 16);
+    let mut n = 1u32;
+    let mut last = first;
+    while let Some(d) = p.c.nics[1].poll_transmit() {
+        n += 1;
+        last = d;
+    }
+    assert_eq!(n, 65_536);
+    assert_eq!(opcode(&last), Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    assert_eq!(psn_of(&last), psn(A_PSN).add(65_535).value());
+    let tail = IbPacket::new_checked(&last.payload[..]).unwrap();
+    assert_eq!(tail.payload()[1023], 0xAB);
+    assert_eq!(p.c.nics[1].counters().duplicate_request, 3);
+}
+
+/// C9-94: a DMA length above 2^31 is an invalid request (rdma_rxe
+/// check_length), whatever the region.
+#[test]
+fn a_read_longer_than_two_gib_is_an_invalid_request() {
+    let mut p = Pair::new(50, &Params::default());
+    let rkey = p.b.mr.rkey;
+    let d = read_request(&p, A_PSN, B_IOVA, rkey, (1 << 31) + 1);
+    deliver_to_b(&mut p, d);
+    let out = take_tx(&mut p.c.nics[1]);
+    assert_eq!(out.len(), 1);
+    let nak = IbPacket::new_checked(&out[0].payload[..]).unwrap();
+    assert_eq!(nak.aeth().unwrap().syndrome(), 0x61);
+}
+
+/// More READs in progress than max_dest_rd_atomic (16 here) granted: the
+/// one beyond is an invalid request, before any work is done for it.
+#[test]
+fn reads_beyond_max_dest_rd_atomic_in_progress_are_refused() {
+    let mut p = Pair::new(51, &Params::default());
+    let rkey = p.b.mr.rkey;
+    for i in 0..17u32 {
+        // Each READ is 2 packets long.
+        let d = read_request(&p, psn(A_PSN).add(2 * i).value(), B_IOVA, rkey, 2048);
+        deliver_to_b(&mut p, d);
+    }
+    let out = take_tx(&mut p.c.nics[1]);
+    let naks: Vec<_> = out
+        .iter()
+        .filter(|d| opcode(d) == Opcode::RC_ACKNOWLEDGE)
+        .collect();
+    assert_eq!(naks.len(), 1);
+    assert_eq!(psn_of(naks[0]), psn(A_PSN).add(32).value());
+    let nak = IbPacket::new_checked(&naks[0].payload[..]).unwrap();
+    assert_eq!(nak.aeth().unwrap().syndrome(), 0x61);
+    // The sixteen before it were answered in full, in PSN order, and the NAK after them.
+    assert_eq!(out.len(), 33);
+    assert_eq!(
+        out.iter().position(|d| opcode(d) == Opcode::RC_ACKNOWLEDGE),
+        Some(32)
+    );
+}
+
+/// A duplicate READ is answered only if it is its READ again, or a part of
+/// it: the same R_Key, a range inside the original, and responses within
+/// the original's PSNs (rdma_rxe duplicate_request). Otherwise it is
+/// dropped and counted; it never produces responses on PSNs of later
+/// requests.
+#[test]
+fn a_duplicate_read_must_be_a_subset_of_the_original() {
+    let (mut p, _, _) = pair(52, &Params::default());
+    let rkey = p.b.mr.rkey;
+    // A 2-packet READ at R = A_PSN (R and R + 1), then a WRITE at R + 2.
+    p.post(
+        1,
+        SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey,
+        },
+        p.sge_a(0, 2048),
+    );
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA + 4096,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    p.run();
+    assert_eq!(p.completions(0).len(), 2);
+    let other = p.a.mr.rkey;
+    let r = psn(A_PSN);
+    for (at, va, len, key) in [
+        (r, B_IOVA, 8192, rkey),        // more than the original asked
+        (r, B_IOVA - 8, 16, rkey),      // starts before it
+        (r, B_IOVA + 2040, 16, rkey),   // ends after it
+        (r, B_IOVA, 16, other),         // another R_Key
+        (r.add(1), B_IOVA, 2048, rkey), // inside, but its responses run into R + 2
+        (r.add(2), B_IOVA, 8, rkey),    // the WRITE's PSN: no READ there
+    ] {
+        let d = read_request(&p, at.value(), va, key, len);
+        deliver_to_b(&mut p, d);
+    }
+    assert!(take_tx(&mut p.c.nics[1]).is_empty());
+    assert_eq!(p.c.nics[1].counters().duplicate_read_refused, 6);
+    // The same READ, or the part of it from its second packet, is answered
+    // on the original's PSNs.
+    for (at, va, len, n) in [(r, B_IOVA, 2048, 2), (r.add(1), B_IOVA + 1024, 1024, 1)] {
+        let d = read_request(&p, at.value(), va, rkey, len);
+        deliver_to_b(&mut p, d);
+        let out = take_tx(&mut p.c.nics[1]);
+        assert_eq!(out.len(), n);
+        assert_eq!(psn_of(&out[0]), at.value());
+        assert_eq!(psn_of(out.last().unwrap()), r.add(1).value());
+    }
+}
+
+/// A READ response's packets come FIRST, MIDDLE..., LAST (or ONLY) from
+/// where the request asked: a LAST where the FIRST is due is dropped and
+/// counted, and its bytes land nowhere.
+#[test]
+fn read_responses_out_of_position_are_dropped() {
+    let mut p = Pair::new(53, &Params::default());
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 11) as u8).collect();
+    p.write_a(0, &data);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 3000),
+    );
+    p.run();
+    p.completions(0);
+    let read_psn = psn(A_PSN).add(3);
+    p.post(
+        2,
+        SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey,
+        },
+        p.sge_a(10_000, 3000),
+    );
+    let req = take_tx(&mut p.c.nics[0]);
+    deliver_to_b(&mut p, req[0].clone());
+    let responses = take_tx(&mut p.c.nics[1]);
+    assert_eq!(responses.len(), 3);
+    // A LAST (with a full PMTU of bytes) at the FIRST's PSN, and an ONLY.
+    for op in [
+        Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+    ] {
+        let mut ib = IbRepr::new(bth::Repr::new(op, p.a.qpn, read_psn));
+        if op == Opcode::RC_RDMA_READ_RESPONSE_LAST {
+            ib.aeth = Some(aeth::Repr {
+                syndrome: Syndrome::ACK_NO_CREDITS,
+                msn: 2,
+            });
+        }
+        ib.payload_len = 1024;
+        let now = p.c.now;
+        p.c.nics[0].handle_datagram(now, &craft(b, a, ib, &[0xEE; 1024]));
+    }
+    assert_eq!(p.c.nics[0].counters().read_response_out_of_order, 2);
+    let now = p.c.now;
+    for d in &responses {
+        p.c.nics[0].handle_datagram(now, d);
+    }
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert_eq!(p.read(0, 10_000, 3000), data);
+}
