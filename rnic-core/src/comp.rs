@@ -333,7 +333,8 @@ impl Qp {
         if let Some(t) = self.ack_deadline {
             if ctx.now >= t {
                 self.ack_deadline = None;
-                if self.una != self.max_sent && self.state() == QpState::Rts {
+                let sending = matches!(self.state(), QpState::Rts | QpState::Sqd);
+                if self.una != self.max_sent && sending {
                     let una = self.una;
                     if !self.retry_from(ctx, una) {
                         return;

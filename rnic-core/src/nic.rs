@@ -606,6 +606,7 @@ impl Nic {
                 qp.rnr_left = qp.attr.rnr_retry;
             }
             (from, QpState::Err) if from != QpState::Err => qp.flush(&mut ctx),
+            (QpState::Rts, QpState::Sqd) => qp.sq_drained = false,
             _ => {}
         }
         qp.req_poll(&mut ctx);

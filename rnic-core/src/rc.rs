@@ -278,6 +278,8 @@ pub(crate) struct Qp {
     pub responses: VecDeque<Response>,
     /// Whether the QP is in the NIC's busy list.
     pub busy: bool,
+    /// In SQD: the send queue has drained (and the event, if asked for, is raised).
+    pub sq_drained: bool,
     /// Reused for the payload of each packet sent, to spare an allocation.
     pub scratch: Vec<u8>,
     /// The shared receive queue this QP takes receives from, if any.
@@ -322,6 +324,7 @@ impl Qp {
             rd_atomic: VecDeque::new(),
             responses: VecDeque::new(),
             busy: false,
+            sq_drained: false,
             scratch: Vec::new(),
             srq: None,
             src_port: None,

@@ -5,15 +5,18 @@ use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
 use crate::rc::{gather, Ctx, Qp, ACK_EVERY, MAX_INFLIGHT_PKTS};
+use crate::srq::AsyncEvent;
 use crate::time::local_ack_timeout;
 use crate::wr::{SendOp, WcStatus};
 
 impl Qp {
     /// Send what the window allows.
     pub(crate) fn req_poll(&mut self, ctx: &mut Ctx<'_>) {
-        if self.state() != QpState::Rts {
-            return;
-        }
+        let draining = match self.state() {
+            QpState::Rts => false,
+            QpState::Sqd => true,
+            _ => return,
+        };
         if let Some(t) = self.rnr_until {
             if ctx.now < t {
                 return;
@@ -26,6 +29,11 @@ impl Qp {
                 break;
             }
             let w = &self.sq[self.next_wqe];
+            // SQD (IBTA 10.3.1): messages already begun are finished, and
+            // resent if need be; none is begun.
+            if draining && self.next_pkt == 0 && !w.first_psn.is_before(self.max_sent) {
+                break;
+            }
             if w.status.is_some() {
                 // A local operation already done, passed over by go-back-N.
                 self.next_wqe += 1;
@@ -64,6 +72,12 @@ impl Qp {
         }
         if self.ack_deadline.is_none() && self.una != self.first_psn_of_next() {
             self.arm_ack_timer(ctx);
+        }
+        if draining && !self.sq_drained && self.una == self.max_sent && self.next_pkt == 0 {
+            self.sq_drained = true;
+            if self.attr.en_sqd_async_notify {
+                ctx.events.push_back(AsyncEvent::SqDrained(self.qpn));
+            }
         }
     }
 

@@ -15,6 +15,10 @@ pub enum AsyncEvent {
     /// IBV_EVENT_SRQ_LIMIT_REACHED: fewer receives than the armed limit remain.
     /// The limit disarms itself; arm it again with `Nic::arm_srq`.
     SrqLimitReached(SrqHandle),
+    /// IBV_EVENT_SQ_DRAINED: the QP (by number), moved to SQD with
+    /// IBV_QP_EN_SQD_ASYNC_NOTIFY, has no request in flight any more: every
+    /// message it had begun is sent and acknowledged (IBTA 11.6.3.3).
+    SqDrained(u32),
 }
 
 #[derive(Debug)]

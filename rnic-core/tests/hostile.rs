@@ -654,3 +654,105 @@ fn read_responses_out_of_position_are_dropped() {
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
     assert_eq!(p.read(0, 10_000, 3000), data);
 }
+
+/// SQD (IBTA 10.3.1, 11.6.3.3): a message already begun is finished,
+/// retransmissions included; no new one is begun; once nothing is in
+/// flight the SQ-drained event is raised (asked for with
+/// EN_SQD_ASYNC_NOTIFY). Back in RTS, the rest goes.
+#[test]
+fn sqd_finishes_what_was_begun_resends_a_loss_and_then_reports_drained() {
+    let (mut p, a, _) = pair(54, &Params::default());
+    // 1,536 packets at PMTU 1024: more than the 1,024 in flight at once, so
+    // the message is half sent when the QP enters SQD.
+    const LEN: usize = 1536 * 1024;
+    const IOVA: u64 = 0x30_0000_0000;
+    let data: Vec<u8> = (0..LEN as u32).map(|i| (i ^ (i >> 9)) as u8).collect();
+    let access = rnic_core::mem::Access::LOCAL_WRITE | rnic_core::mem::Access::REMOTE_WRITE;
+    let (pa, pb) = (p.a.pd, p.b.pd);
+    let src = p.c.nics[0]
+        .reg_mr(pa, IOVA, Box::new(data.clone()), access)
+        .unwrap();
+    let dst = p.c.nics[1]
+        .reg_mr(pb, IOVA, Box::new(vec![0u8; LEN]), access)
+        .unwrap();
+    // One loss the responder NAKs (a gap), one only the ACK timer finds:
+    // the last packet, lost when first sent and again when the NAK's
+    // go-back-N resends it.
+    for (lost, times) in [(1000, 1), (1535, 2)] {
+        p.c.net.drop_rule(DropRule {
+            src: Some(a),
+            opcode: None,
+            psn: Some(psn(A_PSN).add(lost)),
+            times,
+        });
+    }
+    let sge = rnic_core::wr::Sge {
+        addr: IOVA,
+        length: LEN as u32,
+        lkey: src.lkey,
+    };
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: IOVA,
+            rkey: dst.rkey,
+            imm: None,
+        },
+        vec![sge],
+    );
+    let rkey = p.b.mr.rkey;
+    p.post(
+        2,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, 8),
+    );
+    let now = p.c.now;
+    let qpn = p.a.qpn;
+    let sqd = rnic_core::qp::QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..p.c.nics[0].query_qp(qpn).unwrap()
+    };
+    p.c.nics[0]
+        .modify_qp(
+            now,
+            qpn,
+            &sqd,
+            AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY,
+        )
+        .unwrap();
+    assert_eq!(p.c.nics[0].poll_async_event(), None, "not drained yet");
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success)]
+    );
+    assert!(
+        p.c.nics[0].counters().completer_retry_err >= 1,
+        "the loss was resent"
+    );
+    let mut out = vec![0u8; LEN];
+    p.c.nics[1].read_mr(pb, dst.lkey, IOVA, &mut out).unwrap();
+    assert!(out == data);
+    assert_eq!(p.c.nics[1].executions().len(), 1, "the second WRITE waits");
+    assert_eq!(
+        p.c.nics[0].poll_async_event(),
+        Some(rnic_core::srq::AsyncEvent::SqDrained(qpn))
+    );
+    let rts = rnic_core::qp::QpAttr {
+        qp_state: QpState::Rts,
+        ..sqd
+    };
+    let now = p.c.now;
+    p.c.nics[0]
+        .modify_qp(now, qpn, &rts, AttrMask::STATE)
+        .unwrap();
+    p.run();
+    assert_eq!(p.completions(0)[0].wr_id, 2);
+    assert_eq!(p.c.nics[0].poll_async_event(), None, "raised once");
+}
