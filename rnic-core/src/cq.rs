@@ -8,14 +8,16 @@ use crate::wr::Completion;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CqHandle(pub u32);
 
-/// A completion queue of bounded depth. An overrun is an error of the CQ (as on
-/// hardware, where it raises IBV_EVENT_CQ_ERR): the completion that did not fit
-/// is counted, never silently lost.
+/// A completion queue of bounded depth. An overrun is an error of the CQ
+/// (IBTA 11.4.2.1; rdma_rxe's RESPST_ERR_CQ_OVERFLOW): the NIC raises
+/// IBV_EVENT_CQ_ERR and moves the QPs that complete into it to the error
+/// state. The completion that did not fit, and every one after, is counted.
 #[derive(Debug)]
 pub struct Cq {
     entries: VecDeque<Completion>,
     depth: usize,
     overruns: u64,
+    error: bool,
 }
 
 impl Cq {
@@ -25,16 +27,24 @@ impl Cq {
             entries: VecDeque::new(),
             depth,
             overruns: 0,
+            error: false,
         }
     }
 
-    /// Add a completion.
-    pub fn push(&mut self, c: Completion) {
-        if self.entries.len() >= self.depth {
+    /// Add a completion. True if it overran the queue for the first time:
+    /// the CQ is now in error.
+    pub fn push(&mut self, c: Completion) -> bool {
+        if self.error || self.entries.len() >= self.depth {
             self.overruns += 1;
-        } else {
-            self.entries.push_back(c);
+            return !std::mem::replace(&mut self.error, true);
         }
+        self.entries.push_back(c);
+        false
+    }
+
+    /// Whether the queue overran (it takes no more completions).
+    pub fn in_error(&self) -> bool {
+        self.error
     }
 
     /// Take up to `max` completions, oldest first.

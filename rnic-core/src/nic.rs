@@ -134,6 +134,15 @@ pub enum VerbError {
     BadState(QpState),
     /// A message longer than 2^31 bytes.
     MessageTooLong(u64),
+    /// A READ whose response needs 2^23 packets or more at the QP's path MTU:
+    /// its PSNs would span half the 24-bit space, where modular comparisons
+    /// no longer tell before from after.
+    ReadTooManyPackets {
+        /// Bytes asked for.
+        len: u64,
+        /// The path MTU in bytes.
+        pmtu: u64,
+    },
     /// Queue capacities beyond the device's (see [`DEVICE_ATTR`]).
     CapsTooLarge,
     /// Inline data on an operation that takes none, or more than the device allows.
@@ -158,6 +167,12 @@ impl fmt::Display for VerbError {
             VerbError::BadAtomicSge => f.write_str("an atomic needs one 8-byte local SGE"),
             VerbError::BadState(s) => write!(f, "not allowed in state {s}"),
             VerbError::MessageTooLong(n) => write!(f, "message of {n} bytes exceeds 2^31"),
+            VerbError::ReadTooManyPackets { len, pmtu } => write!(
+                f,
+                "a READ of {len} bytes needs {} response packets at path MTU {pmtu}; \
+                 fewer than 2^23 fit the PSN space",
+                len.div_ceil(*pmtu)
+            ),
             VerbError::BadInline { len } => write!(
                 f,
                 "{len} bytes of inline data: SEND and WRITE only, at most {}",
@@ -301,6 +316,7 @@ pub struct Nic {
     srqs: Vec<Srq>,
     events: VecDeque<AsyncEvent>,
     busy: VecDeque<u32>,
+    overrun_cqs: Vec<CqHandle>,
     /// The latest time an event brought.
     now: Time,
 }
@@ -338,6 +354,7 @@ impl Nic {
             srqs: Vec::new(),
             events: VecDeque::new(),
             busy: VecDeque::new(),
+            overrun_cqs: Vec::new(),
             now: Time::ZERO,
         }
     }
@@ -365,6 +382,7 @@ impl Nic {
             srqs,
             events,
             busy,
+            overrun_cqs,
             now: latest,
             ..
         } = self;
@@ -382,8 +400,26 @@ impl Nic {
             srqs,
             events,
             busy,
+            overrun_cqs,
         };
         (qps, ctx)
+    }
+
+    /// After an event: every QP that completes into a CQ that overran goes
+    /// to the error state (IBV_EVENT_QP_FATAL); flushing it may overrun
+    /// more, which are handled in turn.
+    fn settle(&mut self) {
+        let now = self.now;
+        while let Some(cq) = self.overrun_cqs.pop() {
+            let (qps, mut ctx) = self.parts(now);
+            for qp in qps.iter_mut() {
+                let bound = qp.send_cq == cq || qp.recv_cq == cq;
+                if bound && !matches!(qp.state(), QpState::Err | QpState::Reset) {
+                    ctx.events.push_back(AsyncEvent::QpFatal(qp.qpn));
+                    qp.enter_error(&mut ctx);
+                }
+            }
+        }
     }
 
     /// Take a QP from RESET to RTS with the three `ibv_modify_qp` calls of
@@ -586,6 +622,18 @@ impl Nic {
         attr: &QpAttr,
         mask: AttrMask,
     ) -> Result<(), VerbError> {
+        let r = self.modify_qp_inner(now, qpn, attr, mask);
+        self.settle();
+        r
+    }
+
+    fn modify_qp_inner(
+        &mut self,
+        now: Time,
+        qpn: u32,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), VerbError> {
         let limits = self.limits;
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -623,6 +671,12 @@ impl Nic {
     /// UC and UD) the request completes at once with WR_FLUSH_ERR, as verbs
     /// specifies.
     pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
+        let r = self.post_send_inner(now, qpn, wr);
+        self.settle();
+        r
+    }
+
+    fn post_send_inner(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         check_sges(&wr.sg_list, qp.caps.max_send_sge)?;
@@ -676,6 +730,9 @@ impl Nic {
             | SendOp::Flush { .. } => 1,
             _ => len.div_ceil(pmtu).max(1) as u32,
         };
+        if matches!(wr.op, SendOp::Read { .. }) && npkts >= 1 << 23 {
+            return Err(VerbError::ReadTooManyPackets { len, pmtu });
+        }
         let first_psn = qp.sq_psn;
         qp.sq_psn = first_psn.add(npkts);
         qp.sq.push_back(SendWqe {
@@ -694,6 +751,18 @@ impl Nic {
     /// `ibv_post_send` on a UD QP: a SEND (with or without immediate) of at
     /// most 4096 bytes to `to`.
     pub fn post_send_ud(
+        &mut self,
+        now: Time,
+        qpn: u32,
+        wr: SendWr,
+        to: UdDest,
+    ) -> Result<(), VerbError> {
+        let r = self.post_send_ud_inner(now, qpn, wr, to);
+        self.settle();
+        r
+    }
+
+    fn post_send_ud_inner(
         &mut self,
         now: Time,
         qpn: u32,
@@ -790,6 +859,12 @@ impl Nic {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
+        let r = self.post_recv_inner(now, qpn, wr);
+        self.settle();
+        r
+    }
+
+    fn post_recv_inner(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         check_sges(&wr.sg_list, qp.caps.max_recv_sge)?;
@@ -815,6 +890,11 @@ impl Nic {
     /// convention (see [`rnic_wire::icrc::for_udp`]); a packet that fails it,
     /// or does not parse, is dropped and counted.
     pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
+        self.handle_datagram_inner(now, d);
+        self.settle();
+    }
+
+    fn handle_datagram_inner(&mut self, now: Time, d: &Datagram) {
         let Ok(pkt) = IbPacket::new_checked(&d.payload[..]) else {
             self.counters.malformed += 1;
             return;
@@ -874,6 +954,11 @@ impl Nic {
 
     /// The time is `now`: run expired timers.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.handle_timeout_inner(now);
+        self.settle();
+    }
+
+    fn handle_timeout_inner(&mut self, now: Time) {
         let (qps, mut ctx) = self.parts(now);
         // In QPN order: deterministic.
         for qp in qps.iter_mut() {

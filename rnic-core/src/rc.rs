@@ -31,6 +31,8 @@ pub(crate) struct Ctx<'a> {
     /// QPs with responses waiting to be generated ([`Qp::responses`]), in
     /// the order they are served.
     pub busy: &'a mut VecDeque<u32>,
+    /// CQs that overran during this event; the NIC moves their QPs to error.
+    pub overrun_cqs: &'a mut Vec<CqHandle>,
 }
 
 impl Ctx<'_> {
@@ -41,8 +43,11 @@ impl Ctx<'_> {
     }
 
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
-        if let Some(cq) = self.cqs.get_mut(cq.0 as usize) {
-            cq.push(c);
+        if let Some(q) = self.cqs.get_mut(cq.0 as usize) {
+            if q.push(c) {
+                self.events.push_back(AsyncEvent::CqError(cq));
+                self.overrun_cqs.push(cq);
+            }
         }
     }
 }

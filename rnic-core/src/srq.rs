@@ -19,6 +19,11 @@ pub enum AsyncEvent {
     /// IBV_QP_EN_SQD_ASYNC_NOTIFY, has no request in flight any more: every
     /// message it had begun is sent and acknowledged (IBTA 11.6.3.3).
     SqDrained(u32),
+    /// IBV_EVENT_CQ_ERR: the CQ overran; it takes no more completions.
+    CqError(crate::cq::CqHandle),
+    /// IBV_EVENT_QP_FATAL: the QP (by number) went to the error state
+    /// because a CQ it completes into overran.
+    QpFatal(u32),
 }
 
 #[derive(Debug)]

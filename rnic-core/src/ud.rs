@@ -107,7 +107,9 @@ impl Qp {
         };
         let payload = pkt.payload();
         let mut data = vec![0u8; GRH_LEN + payload.len()];
-        grh_area(&mut data[..GRH_LEN], src, dst, payload.len());
+        // The IB packet as it arrived, ImmDt, pad and ICRC included.
+        let ib_len = pkt.covered().len() + 4;
+        grh_area(&mut data[..GRH_LEN], src, dst, ib_len);
         data[GRH_LEN..].copy_from_slice(payload);
         let status = if data.len() as u64 > sg_len(&recv.sg_list) {
             WcStatus::LocLenErr
@@ -138,10 +140,12 @@ impl Qp {
 }
 
 /// The 40 bytes verbs puts before a UD payload: for IPv6 the IPv6 header (the
-/// GRH's layout), for IPv4 zeros then the IPv4 header in the last 20 bytes.
-fn grh_area(out: &mut [u8], src: IpAddr, dst: IpAddr, payload_len: usize) {
+/// GRH's layout), for IPv4 zeros then the IPv4 header in the last 20 bytes,
+/// with the lengths of the datagram that carried the `ib_len` bytes of IB
+/// packet (as rdma_rxe copies the real header).
+fn grh_area(out: &mut [u8], src: IpAddr, dst: IpAddr, ib_len: usize) {
     out.fill(0);
-    let udp_len = 8 + 12 + 8 + payload_len + 4;
+    let udp_len = 8 + ib_len;
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             let _ = ipv4::Repr::new(s, d).emit(&mut out[20..], udp_len);

@@ -43,6 +43,8 @@ pub struct Params {
     pub b_access: Access,
     pub b_qp_access: Access,
     pub qp_type: QpType,
+    /// Entries in each side's CQ.
+    pub cq_depth: usize,
 }
 
 impl Default for Params {
@@ -60,14 +62,16 @@ impl Default for Params {
                 | Access::REMOTE_ATOMIC,
             b_qp_access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
             qp_type: QpType::Rc,
+            cq_depth: 4096,
         }
     }
 }
 
-fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, qp_type: QpType) -> Side {
+fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, p: &Params) -> Side {
+    let qp_type = p.qp_type;
     let nic = &mut c.nics[i];
     let pd = nic.alloc_pd();
-    let cq = nic.create_cq(4096);
+    let cq = nic.create_cq(p.cq_depth);
     let qpn = nic
         .create_qp(pd, qp_type, cq, cq, QpCaps::default())
         .unwrap();
@@ -120,9 +124,9 @@ impl Pair {
             0,
             A_IOVA,
             Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-            p.qp_type,
+            p,
         );
-        let b = side(&mut c, 1, B_IOVA, p.b_access, p.qp_type);
+        let b = side(&mut c, 1, B_IOVA, p.b_access, p);
         connect(
             &mut c,
             0,

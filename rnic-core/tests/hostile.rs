@@ -756,3 +756,84 @@ fn sqd_finishes_what_was_begun_resends_a_loss_and_then_reports_drained() {
     assert_eq!(p.completions(0)[0].wr_id, 2);
     assert_eq!(p.c.nics[0].poll_async_event(), None, "raised once");
 }
+
+/// A CQ that overruns is in error (IBTA 11.4.2.1; rdma_rxe's
+/// RESPST_ERR_CQ_OVERFLOW): IBV_EVENT_CQ_ERR, and the QP completing into it
+/// goes to the error state with IBV_EVENT_QP_FATAL, rather than completions
+/// vanishing while the QP runs on.
+#[test]
+fn a_cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
+    let params = Params {
+        cq_depth: 2,
+        ..Params::default()
+    };
+    let mut p = Pair::new(55, &params);
+    let rkey = p.b.mr.rkey;
+    for i in 0..4 {
+        p.post(
+            i,
+            SendOp::Write {
+                remote_addr: B_IOVA,
+                rkey,
+                imm: None,
+            },
+            p.sge_a(0, 8),
+        );
+    }
+    p.run();
+    assert_eq!(p.completions(0).len(), 2);
+    let cq = p.a.cq;
+    let qpn = p.a.qpn;
+    assert_eq!(
+        p.c.nics[0].poll_async_event(),
+        Some(rnic_core::srq::AsyncEvent::CqError(cq))
+    );
+    assert_eq!(
+        p.c.nics[0].poll_async_event(),
+        Some(rnic_core::srq::AsyncEvent::QpFatal(qpn))
+    );
+    assert_eq!(p.c.nics[0].query_qp(qpn).unwrap().qp_state, QpState::Err);
+}
+
+/// A READ whose response would need 2^23 PSNs or more (2 GiB at PMTU 256)
+/// is refused when posted: the requester's modular PSN comparisons cannot
+/// span half the 24-bit space. One packet fewer is accepted.
+#[test]
+fn a_read_of_two_to_the_23_packets_is_refused_at_post() {
+    let params = Params {
+        mtu: rnic_core::qp::Mtu::Mtu256,
+        ..Params::default()
+    };
+    let mut p = Pair::new(56, &params);
+    let rkey = p.b.mr.rkey;
+    let now = p.c.now;
+    let qpn = p.a.qpn;
+    let lkey = p.a.mr.lkey;
+    let read = |len: u32| SendWr {
+        wr_id: 1,
+        op: SendOp::Read {
+            remote_addr: B_IOVA,
+            rkey,
+        },
+        sg_list: vec![rnic_core::wr::Sge {
+            addr: A_IOVA,
+            length: len,
+            lkey,
+        }],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    let e = p.c.nics[0].post_send(now, qpn, read(1 << 31)).unwrap_err();
+    assert_eq!(
+        e,
+        rnic_core::VerbError::ReadTooManyPackets {
+            len: 1 << 31,
+            pmtu: 256
+        }
+    );
+    p.c.nics[0]
+        .post_send(now, qpn, read((1 << 31) - 256))
+        .unwrap();
+}

@@ -121,9 +121,15 @@ fn datagram_with_immediate_and_the_grh_area() {
     let mut grh = [0u8; GRH_LEN];
     c.nics[1].read_mr(b.pd, b.lkey, 0x1000, &mut grh).unwrap();
     assert_eq!(grh[..20], [0u8; 20]);
+    // Its total length is the datagram's: IPv4, UDP, BTH, DETH, ImmDt, the
+    // payload, ICRC.
+    assert_eq!(
+        u16::from_be_bytes([grh[22], grh[23]]),
+        20 + 8 + 12 + 8 + 4 + 1000 + 4
+    );
     let (ip, _, _) = ipv4::Repr::parse(&{
         let mut h = grh[20..].to_vec();
-        h.resize(20 + 8 + 12 + 8 + 1000 + 4, 0);
+        h.resize(20 + 8 + 12 + 8 + 4 + 1000 + 4, 0);
         h
     })
     .unwrap();
