@@ -793,6 +793,9 @@ fn a_cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
         Some(rnic_core::srq::AsyncEvent::QpFatal(qpn))
     );
     assert_eq!(p.c.nics[0].query_qp(qpn).unwrap().qp_state, QpState::Err);
+    // Drained by the application, the CQ still takes nothing: it is in error.
+    p.post(9, SendOp::Send { imm: None }, p.sge_a(0, 8));
+    assert!(p.completions(0).is_empty());
 }
 
 /// A READ whose response would need 2^23 PSNs or more (2 GiB at PMTU 256)
