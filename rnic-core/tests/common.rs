@@ -6,12 +6,13 @@ use core::net::IpAddr;
 use std::time::Duration;
 
 use rnic_core::cq::CqHandle;
+use rnic_core::mem::MwBind;
 use rnic_core::mem::{Access, MrKeys, PdHandle};
 use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::sim::Datagram;
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
-use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge};
+use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use rnic_core::QpCaps;
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{icrc, Frame, IbRepr, LinkType, Opcode, Psn};
@@ -303,4 +304,52 @@ pub fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
     p.c.net.record_pcap();
     let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
     (p, a, b)
+}
+
+/// Post a work request without local buffers on B's QP.
+pub fn post_b(p: &mut Pair, wr_id: u64, op: SendOp) {
+    let now = p.c.now;
+    p.c.nics[1]
+        .post_send(
+            now,
+            p.b.qpn,
+            SendWr {
+                wr_id,
+                op,
+                sg_list: Vec::new(),
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            },
+        )
+        .unwrap();
+}
+
+/// Allocate a window on B and bind it to B's QP over 256 bytes at B_IOVA + 4096.
+pub fn bound_window(p: &mut Pair, access: Access) -> u32 {
+    let mw = p.c.nics[1].alloc_mw(p.b.pd).unwrap();
+    let new_rkey = (mw & !0xFF) | (mw.wrapping_add(1) & 0xFF);
+    let mr_lkey = p.b.mr.lkey;
+    post_b(
+        p,
+        50,
+        SendOp::BindMw(MwBind {
+            mw_rkey: mw,
+            new_rkey,
+            mr_lkey,
+            addr: B_IOVA + 4096,
+            length: 256,
+            access,
+        }),
+    );
+    p.run();
+    let done = p.completions(1);
+    assert_eq!(done.len(), 1);
+    let c = &done[0];
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode),
+        (50, WcStatus::Success, WcOpcode::BindMw)
+    );
+    new_rkey
 }

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use rnic_core::mem::{Access, MwBind};
-use rnic_core::wr::{Completion, SendOp, SendWr, WcOpcode, WcStatus};
+use rnic_core::wr::{Completion, SendOp, WcOpcode, WcStatus};
 use rnic_core::ExecKind;
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{Frame, LinkType, Opcode};
@@ -23,26 +23,6 @@ fn pair(seed: u64, params: &Params) -> Pair {
     let mut p = Pair::new(seed, params);
     p.c.net.record_pcap();
     p
-}
-
-/// Post a work request without local buffers on B's QP.
-fn post_b(p: &mut Pair, wr_id: u64, op: SendOp) {
-    let now = p.c.now;
-    p.c.nics[1]
-        .post_send(
-            now,
-            p.b.qpn,
-            SendWr {
-                wr_id,
-                op,
-                sg_list: Vec::new(),
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            },
-        )
-        .unwrap();
 }
 
 /// The opcodes on the wire, in order.
@@ -235,32 +215,6 @@ fn flush_refusals() {
     flush(&mut p, 1, rkey, 1, false);
     p.run();
     assert_eq!(only(p.completions(0)).status, WcStatus::RemInvReqErr);
-}
-
-/// Allocate a window on B and bind it to B's QP over 256 bytes at B_IOVA + 4096.
-fn bound_window(p: &mut Pair, access: Access) -> u32 {
-    let mw = p.c.nics[1].alloc_mw(p.b.pd).unwrap();
-    let new_rkey = (mw & !0xFF) | (mw.wrapping_add(1) & 0xFF);
-    let mr_lkey = p.b.mr.lkey;
-    post_b(
-        p,
-        50,
-        SendOp::BindMw(MwBind {
-            mw_rkey: mw,
-            new_rkey,
-            mr_lkey,
-            addr: B_IOVA + 4096,
-            length: 256,
-            access,
-        }),
-    );
-    p.run();
-    let c = only(p.completions(1));
-    assert_eq!(
-        (c.wr_id, c.status, c.opcode),
-        (50, WcStatus::Success, WcOpcode::BindMw)
-    );
-    new_rkey
 }
 
 fn write_through(p: &mut Pair, wr_id: u64, rkey: u32, offset: u64, len: u32) -> WcStatus {
