@@ -250,7 +250,9 @@ pub struct QpAttr {
     pub path_mtu: Mtu,
     /// Local ACK timeout exponent, 0-31 (IBV_QP_TIMEOUT).
     pub timeout: u8,
-    /// Retries on timeout or sequence error, 0-7 (IBV_QP_RETRY_CNT).
+    /// Retries on timeout or sequence error, 0-7 (IBV_QP_RETRY_CNT). 7
+    /// means seven retries, as IBTA says (rdma_rxe treats 7 as forever;
+    /// rnr_retry 7 is forever for both).
     pub retry_cnt: u8,
     /// Retries on RNR NAK, 0-7, 7 = forever (IBV_QP_RNR_RETRY).
     pub rnr_retry: u8,

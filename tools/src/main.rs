@@ -242,6 +242,8 @@ fn main() -> ExitCode {
                     "\t\t\ttransport:\t\tUDP port {}, engine thread in this process",
                     rnic_wire::ROCE_V2_PORT
                 );
+                // rdma_rxe treats retry_cnt 7 as "retry forever"; IBTA and rnic do not.
+                println!("\t\t\tretry_cnt:\t\t7 means 7 retries (IBTA); rnr_retry 7 means forever");
                 ExitCode::SUCCESS
             }
             Err(e) => {
