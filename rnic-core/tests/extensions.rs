@@ -19,12 +19,6 @@ fn params() -> Params {
     }
 }
 
-fn pair(seed: u64, params: &Params) -> Pair {
-    let mut p = Pair::new(seed, params);
-    p.c.net.record_pcap();
-    p
-}
-
 /// The opcodes on the wire, in order.
 fn opcodes(p: &Pair) -> Vec<Opcode> {
     let pcap = p.c.net.pcap();
@@ -57,7 +51,7 @@ fn atomic_write(p: &mut Pair, wr_id: u64, remote_addr: u64, rkey: u32, data: [u8
 
 #[test]
 fn atomic_write_stores_eight_bytes_answered_by_an_empty_read_response() {
-    let mut p = pair(1, &params());
+    let (mut p, _, _) = pair(1, &params());
     let rkey = p.b.mr.rkey;
     atomic_write(&mut p, 7, B_IOVA + 64, rkey, *b"12345678");
     p.run();
@@ -77,21 +71,21 @@ fn atomic_write_stores_eight_bytes_answered_by_an_empty_read_response() {
 #[test]
 fn atomic_write_refusals_write_nothing() {
     // Misaligned: invalid request.
-    let mut p = pair(2, &params());
+    let (mut p, _, _) = pair(2, &params());
     let rkey = p.b.mr.rkey;
     atomic_write(&mut p, 1, B_IOVA + 4, rkey, [0xAA; 8]);
     p.run();
     assert_eq!(only(p.completions(0)).status, WcStatus::RemInvReqErr);
     assert_eq!(p.read(1, 0, 16), [0; 16]);
     // A bad R_Key: remote access error.
-    let mut p = pair(3, &params());
+    let (mut p, _, _) = pair(3, &params());
     let rkey = p.b.mr.rkey ^ 0x80;
     atomic_write(&mut p, 1, B_IOVA, rkey, [0xAA; 8]);
     p.run();
     assert_eq!(only(p.completions(0)).status, WcStatus::RemAccessErr);
     assert_eq!(p.read(1, 0, 8), [0; 8]);
     // A QP that does not allow remote writes.
-    let mut p = pair(
+    let (mut p, _, _) = pair(
         4,
         &Params {
             b_qp_access: Access::REMOTE_READ,
@@ -107,7 +101,7 @@ fn atomic_write_refusals_write_nothing() {
 
 #[test]
 fn atomic_write_duplicate_is_answered_not_executed_again() {
-    let mut p = pair(5, &params());
+    let (mut p, _, _) = pair(5, &params());
     let b = p.c.nics[1].addr();
     p.c.net.drop_rule(rnic_core::sim::DropRule {
         src: Some(b),
@@ -157,7 +151,7 @@ fn flush(p: &mut Pair, wr_id: u64, rkey: u32, placement: u8, whole_region: bool)
 
 #[test]
 fn flush_after_write_completes_in_order() {
-    let mut p = pair(6, &params());
+    let (mut p, _, _) = pair(6, &params());
     let rkey = p.b.mr.rkey;
     p.write_a(0, &[3; 512]);
     p.post(
@@ -190,7 +184,7 @@ fn flush_after_write_completes_in_order() {
 #[test]
 fn flush_refusals() {
     // Persistence the QP does not allow: invalid request.
-    let mut p = pair(7, &params());
+    let (mut p, _, _) = pair(7, &params());
     let rkey = p.b.mr.rkey;
     flush(&mut p, 1, rkey, 2, false);
     p.run();
@@ -198,7 +192,7 @@ fn flush_refusals() {
     // The QP allows it, the memory (a plain buffer) cannot persist, so the
     // region could not be registered with the right: remote access error.
     let d = params();
-    let mut p = pair(
+    let (mut p, _, _) = pair(
         8,
         &Params {
             b_qp_access: d.b_qp_access | Access::FLUSH_PERSISTENT,
@@ -210,7 +204,7 @@ fn flush_refusals() {
     p.run();
     assert_eq!(only(p.completions(0)).status, WcStatus::RemAccessErr);
     // A region without FLUSH_GLOBAL.
-    let mut p = pair(9, &Params::default());
+    let (mut p, _, _) = pair(9, &Params::default());
     let rkey = p.b.mr.rkey;
     flush(&mut p, 1, rkey, 1, false);
     p.run();
@@ -233,7 +227,7 @@ fn write_through(p: &mut Pair, wr_id: u64, rkey: u32, offset: u64, len: u32) -> 
 
 #[test]
 fn window_opens_its_range_only_then_send_with_invalidate_closes_it() {
-    let mut p = pair(10, &params());
+    let (mut p, _, _) = pair(10, &params());
     p.write_a(0, &[0x5A; 300]);
     let win = bound_window(&mut p, Access::REMOTE_WRITE);
     assert_eq!(write_through(&mut p, 1, win, 0, 256), WcStatus::Success);
@@ -265,21 +259,21 @@ fn window_opens_its_range_only_then_send_with_invalidate_closes_it() {
 
 #[test]
 fn window_refuses_beyond_its_range_and_rights() {
-    let mut p = pair(11, &params());
+    let (mut p, _, _) = pair(11, &params());
     let win = bound_window(&mut p, Access::REMOTE_WRITE);
     assert_eq!(
         write_through(&mut p, 1, win, 250, 8),
         WcStatus::RemAccessErr
     );
     assert_eq!(p.read(1, 4096 + 250, 8), [0; 8]);
-    let mut p = pair(12, &params());
+    let (mut p, _, _) = pair(12, &params());
     let win = bound_window(&mut p, Access::REMOTE_READ);
     assert_eq!(write_through(&mut p, 1, win, 0, 8), WcStatus::RemAccessErr);
 }
 
 #[test]
 fn local_invalidate_in_send_queue_order() {
-    let mut p = pair(13, &params());
+    let (mut p, _, _) = pair(13, &params());
     let win = bound_window(&mut p, Access::REMOTE_WRITE | Access::REMOTE_READ);
     assert_eq!(write_through(&mut p, 1, win, 0, 8), WcStatus::Success);
     post_b(&mut p, 51, SendOp::LocalInv { rkey: win });
@@ -295,13 +289,13 @@ fn local_invalidate_in_send_queue_order() {
 #[test]
 fn local_operations_that_fail_complete_in_error() {
     // A region registered by reg_mr cannot be invalidated.
-    let mut p = pair(14, &params());
+    let (mut p, _, _) = pair(14, &params());
     let rkey = p.b.mr.rkey;
     post_b(&mut p, 1, SendOp::LocalInv { rkey });
     p.run();
     assert_eq!(only(p.completions(1)).status, WcStatus::LocQpOpErr);
     // A region without MW_BIND cannot have a window.
-    let mut p = pair(15, &Params::default());
+    let (mut p, _, _) = pair(15, &Params::default());
     let mw = p.c.nics[1].alloc_mw(p.b.pd).unwrap();
     let mr_lkey = p.b.mr.lkey;
     post_b(
@@ -322,7 +316,7 @@ fn local_operations_that_fail_complete_in_error() {
 
 #[test]
 fn send_with_invalidate_of_a_region_key_is_refused() {
-    let mut p = pair(16, &params());
+    let (mut p, _, _) = pair(16, &params());
     let rkey = p.b.mr.rkey;
     p.recv_b(9, 0, 64);
     p.post(
