@@ -7,8 +7,7 @@ use common::*;
 use rnic_core::mem::{Access, MwBind};
 use rnic_core::wr::{Completion, SendOp, WcOpcode, WcStatus};
 use rnic_core::ExecKind;
-use rnic_wire::pcap::PcapReader;
-use rnic_wire::{Frame, LinkType, Opcode};
+use rnic_wire::Opcode;
 
 fn params() -> Params {
     let d = Params::default();
@@ -21,15 +20,7 @@ fn params() -> Params {
 
 /// The opcodes on the wire, in order.
 fn opcodes(p: &Pair) -> Vec<Opcode> {
-    let pcap = p.c.net.pcap();
-    PcapReader::new(&pcap)
-        .unwrap()
-        .map(|r| {
-            let f = Frame::parse(LinkType::Ethernet, r.unwrap().data).unwrap();
-            assert!(f.icrc_ok());
-            f.ib.bth().opcode()
-        })
-        .collect()
+    wire(p).into_iter().map(|s| s.opcode).collect()
 }
 
 fn only(c: Vec<Completion>) -> Completion {
