@@ -42,11 +42,6 @@ impl Cq {
         false
     }
 
-    /// Whether the queue overran (it takes no more completions).
-    pub fn in_error(&self) -> bool {
-        self.error
-    }
-
     /// Take up to `max` completions, oldest first.
     pub fn poll(&mut self, max: usize) -> Vec<Completion> {
         let n = max.min(self.entries.len());

@@ -548,6 +548,9 @@ impl Qp {
         fresh.attr = self.attr;
         fresh.srq = self.srq;
         fresh.src_port = self.src_port;
+        // Still in the NIC's busy list if it was: keep the flag saying so,
+        // or a new response would add it a second time.
+        fresh.busy = self.busy;
         *self = fresh;
     }
 

@@ -73,31 +73,34 @@ impl Qp {
                 let timer = self.attr.min_rnr_timer;
                 self.send_ack(ctx, Syndrome::RnrNak { timer }, psn);
             }
-            Err(refusal) => {
-                let (code, status) = match refusal {
-                    Refusal::BadReceive(status) => (NakCode::RemoteOperationalError, status),
-                    Refusal::Nak(code) => (code, WcStatus::LocQpOpErr),
-                    Refusal::NotReady => return,
-                };
-                self.send_ack(ctx, Syndrome::Nak(code), psn);
-                if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
-                    ctx.complete(
-                        self.recv_cq,
-                        Completion {
-                            wr_id: recv.wr_id,
-                            status,
-                            opcode: WcOpcode::Recv,
-                            byte_len: 0,
-                            imm_data: None,
-                            qp_num: self.qpn,
-                            src_qp: None,
-                            invalidated_rkey: None,
-                        },
-                    );
-                }
-                self.enter_error(ctx);
+            Err(Refusal::BadReceive(status)) => {
+                self.refuse(ctx, psn, NakCode::RemoteOperationalError, status)
             }
+            Err(Refusal::Nak(code)) => self.refuse(ctx, psn, code, WcStatus::LocQpOpErr),
         }
+    }
+
+    /// A request at `psn` is refused (a class A or C error): NAK it with
+    /// `code`, complete the receive a SEND in progress had taken with
+    /// `status`, and enter the error state.
+    fn refuse(&mut self, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode, status: WcStatus) {
+        self.send_ack(ctx, Syndrome::Nak(code), psn);
+        if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
+            ctx.complete(
+                self.recv_cq,
+                Completion {
+                    wr_id: recv.wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm_data: None,
+                    qp_num: self.qpn,
+                    src_qp: None,
+                    invalidated_rkey: None,
+                },
+            );
+        }
+        self.enter_error(ctx);
     }
 
     /// UC (IBTA 9.8.3): no acknowledgements and no retransmission. A PSN gap
