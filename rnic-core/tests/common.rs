@@ -154,6 +154,18 @@ impl Pair {
         self.post_fenced(wr_id, op, sg_list, false);
     }
 
+    /// Post a WRITE (no immediate) of A's `sg_list` to `remote_addr`
+    /// through B's region R_Key.
+    pub fn post_write_to_b(&mut self, wr_id: u64, remote_addr: u64, sg_list: Vec<Sge>) {
+        let rkey = self.b.mr.rkey;
+        let op = SendOp::Write {
+            remote_addr,
+            rkey,
+            imm: None,
+        };
+        self.post(wr_id, op, sg_list);
+    }
+
     pub fn post_fenced(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>, fence: bool) {
         let now = self.c.now;
         self.c.nics[0]

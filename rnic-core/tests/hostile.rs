@@ -331,17 +331,8 @@ fn a_receive_with_a_bad_lkey_is_a_protection_error() {
 fn reset_discards_work_requests_without_completions() {
     let mut p = Pair::new(47, &Params::default());
     cut_a_to_b(&mut p);
-    let rkey = p.b.mr.rkey;
     for i in 0..3 {
-        p.post(
-            i,
-            SendOp::Write {
-                remote_addr: B_IOVA,
-                rkey,
-                imm: None,
-            },
-            p.sge_a(0, 8),
-        );
+        p.post_write_to_b(i, B_IOVA, p.sge_a(0, 8));
     }
     let now = p.c.now;
     let recv = rnic_core::wr::RecvWr {
@@ -406,16 +397,7 @@ fn a_stream_of_sequence_naks_starts_one_retransmission() {
     let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
     p.write_a(0, &data);
-    let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 4096),
-    );
+    p.post_write_to_b(1, B_IOVA, p.sge_a(0, 4096));
     // Ten NAKs for A's first PSN, 2 us apart, while the WRITE is on its way.
     for i in 0..10u64 {
         let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_ACKNOWLEDGE, p.a.qpn, psn(A_PSN)));
@@ -558,15 +540,7 @@ fn a_duplicate_read_must_be_a_subset_of_the_original() {
         },
         p.sge_a(0, 2048),
     );
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA + 4096,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post_write_to_b(2, B_IOVA + 4096, p.sge_a(0, 8));
     p.run();
     assert_eq!(p.completions(0).len(), 2);
     let other = p.a.mr.rkey;
@@ -606,15 +580,7 @@ fn read_responses_out_of_position_are_dropped() {
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 11) as u8).collect();
     p.write_a(0, &data);
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 3000),
-    );
+    p.post_write_to_b(1, B_IOVA, p.sge_a(0, 3000));
     p.run();
     p.completions(0);
     let read_psn = psn(A_PSN).add(3);
@@ -700,16 +666,7 @@ fn sqd_finishes_what_was_begun_resends_a_loss_and_then_reports_drained() {
         },
         vec![sge],
     );
-    let rkey = p.b.mr.rkey;
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post_write_to_b(2, B_IOVA, p.sge_a(0, 8));
     let now = p.c.now;
     let qpn = p.a.qpn;
     let sqd = rnic_core::qp::QpAttr {
@@ -768,17 +725,8 @@ fn a_cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
         ..Params::default()
     };
     let mut p = Pair::new(55, &params);
-    let rkey = p.b.mr.rkey;
     for i in 0..4 {
-        p.post(
-            i,
-            SendOp::Write {
-                remote_addr: B_IOVA,
-                rkey,
-                imm: None,
-            },
-            p.sge_a(0, 8),
-        );
+        p.post_write_to_b(i, B_IOVA, p.sge_a(0, 8));
     }
     p.run();
     assert_eq!(p.completions(0).len(), 2);
