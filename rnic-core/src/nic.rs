@@ -291,6 +291,9 @@ impl QpTable {
             self.0[i] = Some(qp);
         }
     }
+    fn remove(&mut self, qpn: u32) -> Option<Qp> {
+        self.0.get_mut(Self::index(qpn)?)?.take()
+    }
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut Qp> {
         self.0.iter_mut().flatten()
     }
@@ -607,6 +610,16 @@ impl Nic {
         self.qps
             .insert(Qp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
         Ok(qpn)
+    }
+
+    /// Destroy a QP (`ibv_destroy_qp`): its work requests are dropped
+    /// without completions, as verbs does, and packets for its number find
+    /// nothing from now on (QP numbers are not reused).
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbError> {
+        let qp = self.qps.remove(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        self.mem.pd_release(qp.pd);
+        self.busy.retain(|&q| q != qpn);
+        Ok(())
     }
 
     /// The QP's attributes.

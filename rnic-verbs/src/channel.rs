@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use rnic_core::cq::CqHandle;
+use rnic_core::srq::AsyncEvent;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
 use crate::{Error, Result};
@@ -105,5 +106,92 @@ impl AsFd for CompletionChannel {
     /// The descriptor to poll: readable when an event waits.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.signal.fd.as_fd()
+    }
+}
+
+/// An eventfd that is readable while something waits behind it.
+#[derive(Debug)]
+pub(crate) struct Bell {
+    fd: OwnedFd,
+}
+
+impl Bell {
+    fn new() -> io::Result<Bell> {
+        Ok(Bell {
+            fd: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
+        })
+    }
+    /// Make the descriptor readable.
+    pub fn ring(&self) {
+        // Fails only when the counter would overflow, which is readable anyway.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+    /// Make it unreadable again.
+    fn clear(&self) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(&self.fd, &mut counter);
+    }
+    /// Wait until it is readable, or `timeout` passes (`None`: forever).
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        let ts = match timeout {
+            Some(t) => Some(Timespec::try_from(t).map_err(|_| Error::Timeout)?),
+            None => None,
+        };
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        match poll(&mut fds, ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(Error::Io(e.into())),
+        }
+    }
+}
+
+/// Asynchronous events (`ibv_get_async_event`) with a descriptor that is
+/// readable while one waits (`ibv_context.async_fd`).
+#[derive(Debug)]
+pub struct AsyncEventQueue {
+    events: Receiver<AsyncEvent>,
+    bell: Arc<Bell>,
+}
+
+impl AsyncEventQueue {
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn new() -> io::Result<(AsyncEventQueue, Sender<AsyncEvent>, Arc<Bell>)> {
+        let bell = Arc::new(Bell::new()?);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Ok((
+            AsyncEventQueue {
+                events: rx,
+                bell: bell.clone(),
+            },
+            tx,
+            bell,
+        ))
+    }
+
+    /// The next event, waiting up to `timeout` for one (`None`: forever;
+    /// zero: do not wait).
+    pub fn next(&self, timeout: Option<Duration>) -> Result<AsyncEvent> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            self.bell.clear();
+            if let Ok(e) = self.events.try_recv() {
+                if !self.events.is_empty() {
+                    self.bell.ring();
+                }
+                return Ok(e);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout);
+            }
+            self.bell.wait(left)?;
+        }
+    }
+}
+
+impl AsFd for AsyncEventQueue {
+    /// The descriptor to poll: readable when an event waits.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.bell.fd.as_fd()
     }
 }

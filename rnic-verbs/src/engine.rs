@@ -63,7 +63,11 @@ pub(crate) struct EngineState {
     pub start: Instant,
     pub cqs: HashMap<CqHandle, CqSink>,
     pub tap: Option<Sender<TapEvent>>,
-    pub events: Option<Sender<rnic_core::srq::AsyncEvent>>,
+    /// Where asynchronous events go, and a descriptor to make readable.
+    pub events: Option<(
+        Sender<rnic_core::srq::AsyncEvent>,
+        Option<Arc<crate::channel::Bell>>,
+    )>,
     pub capture: Option<crate::capture::Capture>,
     /// A tracing span per queue pair: received packets and the verbs on a
     /// QP run inside it.
@@ -157,8 +161,11 @@ impl EngineState {
             }
         }
         while let Some(e) = self.nic.poll_async_event() {
-            if let Some(tx) = &self.events {
+            if let Some((tx, signal)) = &self.events {
                 let _ = tx.send(e);
+                if let Some(s) = signal {
+                    s.ring();
+                }
             }
         }
     }

@@ -56,7 +56,7 @@ pub use engine::TapEvent;
 
 /// Where a tap delivers the packets it sees.
 pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
-pub use channel::CompletionChannel;
+pub use channel::{AsyncEventQueue, CompletionChannel};
 use engine::{Engine, EngineState};
 pub use memory::{Backing, DmaBuf, Placement};
 
@@ -77,6 +77,15 @@ pub enum Error {
     /// The region's memory is still held by the NIC (it was not given by the
     /// caller, or something still refers to it).
     NotReturnable,
+    /// An environment variable rnic reads has a value it cannot use.
+    BadEnv {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
 }
 
 impl fmt::Display for Error {
@@ -92,6 +101,11 @@ impl fmt::Display for Error {
             Error::NotReturnable => {
                 f.write_str("the region's memory was not the caller's, or is still in use")
             }
+            Error::BadEnv {
+                var,
+                value,
+                expected,
+            } => write!(f, "{var}={value:?}: expected {expected}"),
         }
     }
 }
@@ -154,12 +168,11 @@ impl Device {
     }
 
     /// Open a NIC on the first loopback address whose port 4791 is free
-    /// (127.0.0.1, then 127.0.0.2, ...), or on the address in `RNIC_ADDR`.
+    /// (127.0.0.1, then 127.0.0.2, ...), or on the address in `RNIC_ADDR`
+    /// (an error names the variable if it is not an IP address).
     pub fn open_loopback() -> Result<Device> {
-        if let Ok(a) = std::env::var("RNIC_ADDR") {
-            if let Ok(addr) = a.parse() {
-                return Device::open(addr);
-            }
+        if let Some(a) = std::env::var_os("RNIC_ADDR") {
+            return Device::open(parse_env_addr("RNIC_ADDR", &a.to_string_lossy())?);
         }
         for last in 1..=254u8 {
             match Device::open(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))) {
@@ -223,8 +236,17 @@ impl Device {
     /// Asynchronous events (`ibv_get_async_event`) from now on.
     pub fn async_events(&self) -> Result<Receiver<AsyncEvent>> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        self.engine.call(move |st| st.events = Some(tx))?;
+        self.engine.call(move |st| st.events = Some((tx, None)))?;
         Ok(rx)
+    }
+
+    /// Asynchronous events from now on, with a descriptor that is readable
+    /// while one waits (`ibv_context.async_fd`).
+    pub fn async_event_queue(&self) -> Result<AsyncEventQueue> {
+        let (q, tx, signal) = AsyncEventQueue::new()?;
+        self.engine
+            .call(move |st| st.events = Some((tx, Some(signal))))?;
+        Ok(q)
     }
 
     /// The NIC's counters.
@@ -289,6 +311,15 @@ impl Device {
     }
 }
 
+/// `value`, the value of environment variable `var`, as an IP address.
+pub fn parse_env_addr(var: &str, value: &str) -> Result<IpAddr> {
+    value.trim().parse().map_err(|_| Error::BadEnv {
+        var: var.to_string(),
+        value: value.to_string(),
+        expected: "an IPv4 or IPv6 address",
+    })
+}
+
 /// The port's attributes (`ibv_port_attr`, what rnic has of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PortAttr {
@@ -336,10 +367,35 @@ impl ProtectionDomain {
         self.register_buf(buf, access)
     }
 
+    /// Register `len` bytes at `addr`, memory rnic does not own (a C
+    /// program's buffer, for `ibv_reg_mr`), in place, with `iova` as the
+    /// address peers name it by. See `DmaBuf::foreign` for how rnic shares it.
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay mapped, readable and writable, until the
+    /// region is deregistered ([`MemoryRegion::deregister`] returns `Ok`, or
+    /// it is dropped).
+    #[allow(unsafe_code)]
+    pub unsafe fn register_foreign(
+        &self,
+        addr: std::ptr::NonNull<u8>,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: the caller's promise, passed on.
+        let buf = unsafe { DmaBuf::foreign(addr, len) };
+        self.register_at(buf, iova, access)
+    }
+
     fn register_buf(&self, buf: DmaBuf, access: Access) -> Result<MemoryRegion> {
+        let iova = buf.addr();
+        self.register_at(buf, iova, access)
+    }
+
+    fn register_at(&self, buf: DmaBuf, iova: u64, access: Access) -> Result<MemoryRegion> {
         let buf = Arc::new(buf);
         let shared = memory::Shared(buf.clone());
-        let iova = buf.addr();
         let pd = self.pd;
         let keys = self
             .dev
@@ -585,6 +641,17 @@ impl MemoryRegion {
             .and_then(DmaBuf::into_vec)
             .ok_or(Error::NotReturnable)
     }
+    /// Deregister now (`ibv_dereg_mr`): when this returns `Ok`, the NIC will
+    /// not touch the memory again. Fails, leaving the region registered, if
+    /// memory windows are bound to it.
+    pub fn deregister(&mut self) -> Result<()> {
+        if self.registered {
+            let lkey = self.lkey;
+            self.dev.call(move |st| st.nic.dereg_mr(lkey).map(drop))??;
+            self.registered = false;
+        }
+        Ok(())
+    }
     /// Copy `data` into the region at `offset`; false if it does not fit.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         self.buf.write(offset, data)
@@ -639,6 +706,10 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// Its number, as `AsyncEvent::SrqLimitReached` reports it.
+    pub fn id(&self) -> u32 {
+        self.srq.0
+    }
     /// Post a receive (`ibv_post_srq_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let srq = self.srq;
@@ -683,6 +754,18 @@ impl CompletionQueue {
     /// Take the completions waiting (none is an empty vector).
     pub fn poll(&self) -> Vec<Completion> {
         self.rx.try_iter().collect()
+    }
+    /// Take the next completion waiting, if any (no allocation).
+    pub fn try_next(&self) -> Option<Completion> {
+        self.rx.try_recv().ok()
+    }
+    /// How many completions are waiting.
+    pub fn len(&self) -> usize {
+        self.rx.len()
+    }
+    /// Whether none is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
     }
     /// Wait up to `timeout` for one completion.
     pub fn wait(&self, timeout: Duration) -> Result<Completion> {
@@ -731,12 +814,22 @@ impl Default for ConnectOptions {
     }
 }
 
-/// A queue pair.
+/// A queue pair. Dropping it destroys it.
 #[derive(Debug)]
 pub struct QueuePair {
     dev: Device,
     qpn: u32,
     sq_psn: u32,
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let qpn = self.qpn;
+        let _ = self.dev.call(move |st| {
+            st.qp_spans.remove(&qpn);
+            st.nic.destroy_qp(qpn)
+        });
+    }
 }
 
 impl QueuePair {
@@ -877,6 +970,42 @@ impl QueuePair {
         Ok(new_rkey)
     }
 
+    /// Bind `mw` to `length` bytes at `addr` of the region with local key
+    /// `mr_lkey`, giving it `new_rkey` (a BIND_MW work request as
+    /// `ibv_post_send` and `ibv_wr_bind_mw` take it: the caller chose the
+    /// key, normally with `ibv_inc_rkey`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &MemoryWindow,
+        mr_lkey: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
+        new_rkey: u32,
+        signaled: bool,
+    ) -> Result<()> {
+        self.post_send(SendWr {
+            wr_id,
+            op: SendOp::BindMw(MwBind {
+                mw_rkey: mw.rkey(),
+                new_rkey,
+                mr_lkey,
+                addr,
+                length,
+                access,
+            }),
+            sg_list: Vec::new(),
+            signaled,
+            solicited: false,
+            fence: false,
+            inline: None,
+        })?;
+        mw.rkey.store(new_rkey, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
@@ -907,6 +1036,18 @@ impl QueuePair {
     pub fn query(&self) -> Result<QpAttr> {
         let qpn = self.qpn;
         Ok(self.dev.call(move |st| st.nic.query_qp(qpn))??)
+    }
+
+    /// Destroy the QP now (`ibv_destroy_qp`; dropping it does the same).
+    pub fn destroy(mut self) -> Result<()> {
+        // QP 0 is never a queue pair rnic creates: the drop that follows
+        // finds nothing to destroy.
+        let qpn = std::mem::replace(&mut self.qpn, 0);
+        self.dev.call(move |st| {
+            st.qp_spans.remove(&qpn);
+            st.nic.destroy_qp(qpn)
+        })??;
+        Ok(())
     }
 
     /// The QP's state.

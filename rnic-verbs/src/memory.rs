@@ -46,6 +46,9 @@ pub enum Placement {
     TransparentHuge,
     /// The caller's own buffer (`ProtectionDomain::register_vec`).
     Caller,
+    /// Memory rnic does not own (`ProtectionDomain::register_foreign`: a C
+    /// program's buffer registered with `ibv_reg_mr`).
+    Foreign,
 }
 
 /// 2 MiB: the huge page size rnic asks hugetlbfs for.
@@ -64,6 +67,11 @@ enum Storage {
         ptr: NonNull<AtomicU64>,
         words: usize,
         capacity: usize,
+    },
+    /// Memory owned by someone else, who promised it stays mapped until the
+    /// region is deregistered (see `DmaBuf::foreign`).
+    Foreign {
+        ptr: NonNull<u8>,
     },
 }
 
@@ -102,7 +110,7 @@ impl Drop for DmaBuf {
                 }
             }
             Storage::Caller { .. } => drop(self.take_vec()),
-            Storage::Heap(_) => {}
+            Storage::Heap(_) | Storage::Foreign { .. } => {}
         }
     }
 }
@@ -190,6 +198,38 @@ impl DmaBuf {
         }
     }
 
+    /// `len` bytes at `ptr` that rnic does not own: a C program's buffer,
+    /// registered in place with `ibv_reg_mr`, of any alignment.
+    ///
+    /// This is the one place where rnic shares memory the way a DMA engine
+    /// does. The program and the NIC touch the same bytes with no lock and no
+    /// atomics the program knows of: the program writes a buffer, posts a
+    /// SEND, and the NIC reads it; a peer's WRITE lands while the program
+    /// spins on the buffer's last byte (ib_write_lat does). Rust's memory
+    /// model has no notion of such memory, so rnic keeps to the contract a
+    /// device has with its driver: it never forms a reference to these bytes
+    /// (every access is a volatile load or store through a raw pointer, so
+    /// the compiler neither caches, merges, elides nor reorders them), it
+    /// writes ascending through a packet and packets in PSN order, so a
+    /// program that waits for a message's last byte sees the bytes before it
+    /// (x86-64 keeps stores in order; on weaker machines the completion's
+    /// release-acquire is the ordering, as verbs promises); and it stops
+    /// touching the memory before `ibv_dereg_mr` returns (every access is
+    /// made under the engine's lock, with the key checked first). What the
+    /// program does meanwhile, racing with its own posted work, is its
+    /// business, as it is with a hardware NIC.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay mapped, readable and writable, until this
+    /// `DmaBuf` is dropped.
+    pub unsafe fn foreign(ptr: NonNull<u8>, len: usize) -> DmaBuf {
+        DmaBuf {
+            storage: Storage::Foreign { ptr },
+            len,
+            placement: Placement::Foreign,
+        }
+    }
+
     /// Rebuild the caller's vector; `self.storage` must then not be used as
     /// a `Caller` again.
     fn take_vec(&mut self) -> Vec<u8> {
@@ -258,6 +298,7 @@ impl DmaBuf {
     fn words(&self) -> &[AtomicU64] {
         match &self.storage {
             Storage::Heap(w) => w,
+            Storage::Foreign { .. } => &[],
             // SAFETY: `ptr` points at `words` initialised AtomicU64s that live
             // until `self` is dropped (a mapping, or the caller's vector).
             Storage::Mapped { ptr, words, .. } | Storage::Caller { ptr, words, .. } => unsafe {
@@ -279,7 +320,10 @@ impl DmaBuf {
     /// The address of the first byte: the region's I/O virtual address, as
     /// verbs uses the buffer's address.
     pub fn addr(&self) -> u64 {
-        self.words().as_ptr() as u64
+        match self.storage {
+            Storage::Foreign { ptr } => ptr.as_ptr() as u64,
+            _ => self.words().as_ptr() as u64,
+        }
     }
 
     fn in_bounds(&self, offset: usize, n: usize) -> bool {
@@ -290,6 +334,11 @@ impl DmaBuf {
     pub fn read(&self, offset: usize, out: &mut [u8]) -> bool {
         if !self.in_bounds(offset, out.len()) {
             return false;
+        }
+        if let Storage::Foreign { ptr } = self.storage {
+            // SAFETY: in bounds of memory `foreign`'s caller keeps mapped.
+            unsafe { foreign_read(ptr.as_ptr().add(offset), out) };
+            return true;
         }
         let mut pos = offset;
         let mut done = 0;
@@ -317,6 +366,11 @@ impl DmaBuf {
         if !self.in_bounds(offset, data.len()) {
             return false;
         }
+        if let Storage::Foreign { ptr } = self.storage {
+            // SAFETY: in bounds of memory `foreign`'s caller keeps mapped.
+            unsafe { foreign_write(ptr.as_ptr().add(offset), data) };
+            return true;
+        }
         let mut pos = offset;
         let mut done = 0;
         while done < data.len() {
@@ -340,6 +394,65 @@ impl DmaBuf {
             }
         }
         true
+    }
+}
+
+/// Copy `out.len()` bytes from `src` with volatile loads, ascending: whole
+/// aligned words in the middle, single bytes at the ends.
+///
+/// # Safety
+/// `src..src+out.len()` must be mapped and readable.
+unsafe fn foreign_read(src: *const u8, out: &mut [u8]) {
+    let n = out.len();
+    let head = src.align_offset(8).min(n);
+    let mut i = 0;
+    while i < head {
+        // SAFETY: i < n, inside the caller's range.
+        out[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
+    }
+    while i + 8 <= n {
+        // SAFETY: `src + i` is 8-byte aligned (past the head) and the word is
+        // inside the caller's range.
+        let w = unsafe { src.add(i).cast::<u64>().read_volatile() };
+        out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        out[i] = unsafe { src.add(i).read_volatile() };
+        i += 1;
+    }
+}
+
+/// Copy `data` to `dst` with volatile stores, ascending (see `foreign_read`).
+///
+/// # Safety
+/// `dst..dst+data.len()` must be mapped and writable.
+unsafe fn foreign_write(dst: *mut u8, data: &[u8]) {
+    let n = data.len();
+    let head = dst.align_offset(8).min(n);
+    let mut i = 0;
+    while i < head {
+        // SAFETY: i < n, inside the caller's range.
+        unsafe { dst.add(i).write_volatile(data[i]) };
+        i += 1;
+    }
+    while i + 8 <= n {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&data[i..i + 8]);
+        // SAFETY: aligned (past the head) and inside the caller's range.
+        unsafe {
+            dst.add(i)
+                .cast::<u64>()
+                .write_volatile(u64::from_ne_bytes(w))
+        };
+        i += 8;
+    }
+    while i < n {
+        // SAFETY: i < n.
+        unsafe { dst.add(i).write_volatile(data[i]) };
+        i += 1;
     }
 }
 
@@ -434,6 +547,38 @@ mod tests {
         // Dropped without into_vec: freed, once (Miri checks this).
         drop(DmaBuf::from_vec(vec![1u8; 100]));
         assert_eq!(DmaBuf::zeroed(8).into_vec(), None);
+    }
+
+    #[test]
+    fn foreign_memory_at_every_alignment() {
+        let mut backing = vec![0u8; 64];
+        for start in 0..9 {
+            let base = NonNull::new(backing.as_mut_ptr()).unwrap();
+            // SAFETY: `backing` outlives `b` and is not otherwise touched
+            // until `b` is gone.
+            let b = unsafe { DmaBuf::foreign(base.add(start), 40) };
+            assert_eq!(b.placement(), Placement::Foreign);
+            assert_eq!(b.addr(), base.as_ptr() as u64 + start as u64);
+            for (off, len) in [(0, 40), (3, 17), (8, 8), (39, 1), (40, 0)] {
+                let data: Vec<u8> = (0..len as u8).map(|i| i ^ (start as u8 * 7 + 1)).collect();
+                assert!(b.write(off, &data));
+                let mut back = vec![0u8; len];
+                assert!(b.read(off, &mut back));
+                assert_eq!(back, data, "start {start} offset {off} len {len}");
+            }
+            assert!(!b.write(33, &[0; 8]), "one byte past the end");
+            assert!(!b.read(40, &mut [0; 1]));
+            drop(b);
+            assert!(
+                backing[..start].iter().all(|&x| x == 0),
+                "nothing before the region"
+            );
+            assert!(
+                backing[start + 40..].iter().all(|&x| x == 0),
+                "nothing after it"
+            );
+            backing.fill(0);
+        }
     }
 
     #[test]

@@ -1,0 +1,693 @@
+//! Devices and contexts: the device list (`RNIC_DEVICES`), `ibv_open_device`
+//! and the queries (`ibv_query_device`, `ibv_query_port`, `ibv_query_gid`).
+//!
+//! By default a process sees one device, `rnic0`, which opens on the first
+//! free loopback address (or `RNIC_ADDR`). `RNIC_DEVICES=NAME=ADDR,...`
+//! names the devices instead, in order. A device's NIC (its engine and UDP
+//! socket) starts at its first `ibv_open_device` and is shared by every
+//! context opened on it, so two QPs of one device connect to each other.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
+use rnic_verbs::{AsyncEventQueue, Device, Mtu, DEVICE_ATTR};
+
+use crate::ffi::{self, obj, object, Object};
+use crate::sys;
+
+/// One entry of `RNIC_DEVICES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The device's name (`ibv_get_device_name`).
+    pub name: String,
+    /// Its address; `None` for the default device (first free loopback
+    /// address, or `RNIC_ADDR`).
+    pub addr: Option<IpAddr>,
+}
+
+/// Parse `RNIC_DEVICES`: `NAME=ADDR` entries separated by commas. The error
+/// names the variable and the bad part.
+pub fn parse_devices(value: &str) -> Result<Vec<DeviceSpec>, String> {
+    let bad = |why: String| format!("RNIC_DEVICES={value:?}: {why}");
+    let mut out: Vec<DeviceSpec> = Vec::new();
+    for entry in value.split(',') {
+        let entry = entry.trim();
+        let Some((name, addr)) = entry.split_once('=') else {
+            return Err(bad(format!("{entry:?} is not NAME=ADDR")));
+        };
+        let name = name.trim();
+        if name.is_empty()
+            || name.len() > 63
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        {
+            return Err(bad(format!(
+                "{name:?} is not a device name (1-63 letters, digits, '_', '-', '.')"
+            )));
+        }
+        let addr: IpAddr = addr
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{:?} is not an IPv4 or IPv6 address", addr.trim())))?;
+        if out.iter().any(|d| d.name == name) {
+            return Err(bad(format!("{name:?} is named twice")));
+        }
+        out.push(DeviceSpec {
+            name: name.to_string(),
+            addr: Some(addr),
+        });
+    }
+    Ok(out)
+}
+
+/// A device of the list: the `ibv_device` programs see, and its NIC once
+/// opened.
+#[repr(C)]
+pub(crate) struct Slot {
+    c: sys::ibv_device,
+    pub spec: DeviceSpec,
+    pub index: usize,
+    nic: Mutex<Option<Device>>,
+}
+
+// SAFETY: the C struct holds only plain data (names and paths); the rest is
+// Send + Sync on its own.
+unsafe impl Sync for Slot {}
+// SAFETY: as above.
+unsafe impl Send for Slot {}
+
+fn copy_str(dst: &mut [c_char], s: &str) {
+    let room = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(room)) {
+        *d = b as c_char;
+    }
+}
+
+impl Slot {
+    fn new(spec: DeviceSpec, index: usize) -> Slot {
+        // SAFETY: ibv_device is plain data; all zeros is a valid value.
+        let mut c: sys::ibv_device = unsafe { std::mem::zeroed() };
+        c.node_type = sys::IBV_NODE_CA;
+        c.transport_type = sys::IBV_TRANSPORT_IB;
+        copy_str(&mut c.name, &spec.name);
+        copy_str(&mut c.dev_name, &format!("uverbs{index}"));
+        copy_str(
+            &mut c.dev_path,
+            &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+        );
+        copy_str(
+            &mut c.ibdev_path,
+            &format!("/sys/class/infiniband/{}", spec.name),
+        );
+        Slot {
+            c,
+            spec,
+            index,
+            nic: Mutex::new(None),
+        }
+    }
+
+    /// The device's NIC, started on first use.
+    pub fn nic(&self) -> Result<Device, i32> {
+        let mut nic = self.nic.lock();
+        if let Some(d) = &*nic {
+            return Ok(d.clone());
+        }
+        let d = match self.spec.addr {
+            Some(a) => Device::open(a),
+            None => Device::open_loopback(),
+        }
+        .map_err(|e| {
+            eprintln!("rnic: cannot open {}: {e}", self.spec.name);
+            ffi::errno_of(&e)
+        })?;
+        *nic = Some(d.clone());
+        Ok(d)
+    }
+
+    /// The node GUID: the device's address in EUI-64 form, as a RoCE NIC
+    /// derives it from its MAC address (network byte order).
+    fn guid(&self) -> u64 {
+        let addr = self
+            .nic
+            .lock()
+            .as_ref()
+            .map(Device::addr)
+            .or(self.spec.addr);
+        let b = match addr {
+            Some(IpAddr::V4(a)) => {
+                let o = a.octets();
+                [0x02, 0, o[0], 0xFF, 0xFE, o[1], o[2], o[3]]
+            }
+            Some(IpAddr::V6(a)) => a.octets()[8..16].try_into().unwrap_or([0; 8]),
+            None => [0x02, 0, 0, 0xFF, 0xFE, 0, 0, self.index as u8 + 1],
+        };
+        u64::from_ne_bytes(b)
+    }
+}
+
+/// The process's devices, read from the environment once.
+fn devices() -> Result<&'static [Slot], String> {
+    static DEVICES: OnceLock<Result<Vec<Slot>, String>> = OnceLock::new();
+    DEVICES
+        .get_or_init(|| {
+            let specs = match std::env::var("RNIC_DEVICES") {
+                Ok(v) => parse_devices(&v)?,
+                Err(std::env::VarError::NotUnicode(v)) => {
+                    return Err(format!("RNIC_DEVICES={v:?}: not UTF-8"))
+                }
+                Err(std::env::VarError::NotPresent) => {
+                    if let Some(a) = std::env::var_os("RNIC_ADDR") {
+                        rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    vec![DeviceSpec {
+                        name: "rnic0".into(),
+                        addr: None,
+                    }]
+                }
+            };
+            Ok(specs
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| Slot::new(s, i))
+                .collect())
+        })
+        .as_deref()
+        .map_err(Clone::clone)
+}
+
+fn slot_of(dev: *mut sys::ibv_device) -> Option<&'static Slot> {
+    devices()
+        .ok()?
+        .iter()
+        .find(|s| std::ptr::eq(&s.c, dev.cast_const()))
+}
+
+/// An open device (`struct ibv_context`, inside its `struct verbs_context`).
+#[repr(C)]
+pub(crate) struct Context {
+    v: sys::verbs_context,
+    magic: u64,
+    pub nic: Device,
+    pub slot: &'static Slot,
+    pub events: AsyncEventQueue,
+    /// C objects by the numbers asynchronous events carry.
+    pub objects: Mutex<Objects>,
+}
+
+/// What `ibv_get_async_event` needs to name an event's object.
+#[derive(Default)]
+pub(crate) struct Objects {
+    pub qps: HashMap<u32, usize>,
+    pub srqs: HashMap<u32, usize>,
+    pub cqs: HashMap<u32, usize>,
+}
+
+object!(
+    Context,
+    sys::ibv_context,
+    b"rnic-ctx",
+    std::mem::offset_of!(sys::verbs_context, context),
+    v
+);
+
+// SAFETY: the C part is only read by the program and written at creation;
+// the Rust parts are Sync.
+unsafe impl Sync for Context {}
+// SAFETY: as above.
+unsafe impl Send for Context {}
+
+impl Context {
+    /// The context behind a program's pointer.
+    ///
+    /// # Safety
+    /// As for `ffi::obj`.
+    pub unsafe fn from_c<'a>(p: *mut sys::ibv_context) -> Result<&'a Context, i32> {
+        // SAFETY: the caller's promise.
+        unsafe { obj::<Context>(p) }.ok_or(libc::EINVAL)
+    }
+
+    /// The pointer the program knows it by.
+    pub fn as_c(&self) -> *mut sys::ibv_context {
+        (&self.v.context as *const sys::ibv_context).cast_mut()
+    }
+
+    /// The port's LID. RoCE has none on the wire; rnic gives loopback
+    /// devices 127.0.0.x the LID x so that programs which address a peer by
+    /// LID alone (ibv_rc_pingpong without -g) work on one host.
+    pub fn lid(&self) -> u16 {
+        match self.nic.addr() {
+            IpAddr::V4(a) if a.octets()[..3] == [127, 0, 0] => u16::from(a.octets()[3]),
+            _ => 0,
+        }
+    }
+
+    /// The address behind a LID (see `lid`).
+    pub fn addr_of_lid(&self, lid: u16) -> Option<IpAddr> {
+        (self.lid() != 0 && (1..=254).contains(&lid))
+            .then(|| IpAddr::V4(Ipv4Addr::new(127, 0, 0, lid as u8)))
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut sys::ibv_device {
+    ffi::ptr_call(|| {
+        let devs = devices().map_err(|e| {
+            eprintln!("rnic: {e}");
+            libc::EINVAL
+        })?;
+        // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
+        let list =
+            unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut sys::ibv_device>()) }
+                .cast::<*mut sys::ibv_device>();
+        if list.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        for (i, s) in devs.iter().enumerate() {
+            // SAFETY: i < n+1 entries allocated.
+            unsafe { *list.add(i) = (&s.c as *const sys::ibv_device).cast_mut() };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the program's out-parameter.
+            unsafe { *num_devices = devs.len() as c_int };
+        }
+        Ok(list)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut sys::ibv_device) {
+    // SAFETY: allocated by ibv_get_device_list with calloc (or null).
+    unsafe { libc::free(list.cast()) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut sys::ibv_device) -> *const c_char {
+    match slot_of(dev) {
+        Some(s) => s.c.name.as_ptr(),
+        None => std::ptr::null(),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut sys::ibv_device) -> u64 {
+    slot_of(dev).map_or(0, Slot::guid)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(dev: *mut sys::ibv_device) -> c_int {
+    slot_of(dev).map_or(-1, |s| s.index as c_int)
+}
+
+/// The context operations: the data path's function pointers.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    ffi::ptr_call(|| {
+        let slot = slot_of(dev).ok_or(libc::ENODEV)?;
+        let nic = slot.nic()?;
+        let events = nic.async_event_queue().map_err(|e| ffi::errno_of(&e))?;
+        // SAFETY: verbs_context is plain data and function pointers, all
+        // of which may be zero (null / None).
+        let mut v: sys::verbs_context = unsafe { std::mem::zeroed() };
+        crate::ops::fill(&mut v);
+        v.context.device = dev;
+        v.context.cmd_fd = -1;
+        v.context.async_fd = events.as_fd().as_raw_fd();
+        v.context.num_comp_vectors = 1;
+        Ok(Context {
+            v,
+            magic: <Context as Object>::MAGIC,
+            nic,
+            slot,
+            events,
+            objects: Mutex::new(Objects::default()),
+        }
+        .into_c())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's context pointer.
+        unsafe { ffi::free::<Context>(ctx) }.ok_or(libc::EINVAL)?;
+        Ok(())
+    })
+}
+
+fn device_attr(ctx: &Context) -> sys::ibv_device_attr {
+    let a = DEVICE_ATTR;
+    // SAFETY: plain data.
+    let mut d: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+    copy_str(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
+    d.node_guid = ctx.slot.guid();
+    d.sys_image_guid = d.node_guid;
+    d.max_mr_size = u64::MAX;
+    d.page_size_cap = 0xFFFF_F000;
+    d.vendor_id = 0xFFFFFF;
+    d.vendor_part_id = 0x7269; // "ri"
+    d.max_qp = a.max_qp as c_int;
+    d.max_qp_wr = a.max_qp_wr as c_int;
+    d.device_cap_flags = sys::IBV_DEVICE_RC_RNR_NAK_GEN
+        | sys::IBV_DEVICE_MEM_WINDOW
+        | sys::IBV_DEVICE_MEM_WINDOW_TYPE_2B
+        | sys::IBV_DEVICE_SYS_IMAGE_GUID;
+    d.max_sge = a.max_sge as c_int;
+    d.max_sge_rd = a.max_sge as c_int;
+    d.max_cq = 1 << 16;
+    d.max_cqe = a.max_cqe as c_int;
+    d.max_mr = 1 << 20;
+    d.max_pd = 1 << 16;
+    d.max_qp_rd_atom = c_int::from(a.max_qp_rd_atom);
+    d.max_res_rd_atom = c_int::from(a.max_qp_rd_atom) * 1024;
+    d.max_qp_init_rd_atom = c_int::from(a.max_qp_init_rd_atom);
+    d.atomic_cap = sys::IBV_ATOMIC_HCA;
+    d.max_mw = 1 << 16;
+    d.max_ah = 1 << 16;
+    d.max_srq = 1 << 16;
+    d.max_srq_wr = a.max_qp_wr as c_int;
+    d.max_srq_sge = a.max_sge as c_int;
+    d.max_pkeys = 1;
+    d.local_ca_ack_delay = 15;
+    d.phys_port_cnt = 1;
+    d
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_device_attr,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (ctx, attr) = unsafe { (Context::from_c(ctx)?, ffi::out(attr)?) };
+        *attr = device_attr(ctx);
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn query_device_ex(
+    ctx: *mut sys::ibv_context,
+    input: *const sys::ibv_query_device_ex_input,
+    attr: *mut sys::ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's context.
+        let ctx = unsafe { Context::from_c(ctx)? };
+        // SAFETY: the program's input, if any.
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return Err(libc::EINVAL);
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<sys::ibv_device_attr>() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: plain data.
+        let mut ex: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        ex.orig_attr = device_attr(ctx);
+        ex.phys_port_cnt_ex = 1;
+        // SAFETY: the program has room for attr_size bytes.
+        unsafe { ffi::copy_prefix(&ex, attr, attr_size) };
+        Ok(())
+    })
+}
+
+fn port_attr(ctx: &Context) -> sys::ibv_port_attr {
+    let p = ctx.nic.query_port();
+    // SAFETY: plain data.
+    let mut a: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+    let code = |m: Mtu| m as u32 + 1;
+    a.state = sys::IBV_PORT_ACTIVE;
+    a.max_mtu = code(p.max_mtu);
+    a.active_mtu = code(p.active_mtu);
+    a.gid_tbl_len = p.gid_tbl_len as c_int;
+    a.port_cap_flags = sys::IBV_PORT_CM_SUP | sys::IBV_PORT_IP_BASED_GIDS;
+    a.max_msg_sz = DEVICE_ATTR.max_msg_sz;
+    a.pkey_tbl_len = 1;
+    a.lid = ctx.lid();
+    a.max_vl_num = 1;
+    a.active_width = 2; // 4X
+    a.active_speed = 32; // 25 Gb/s per lane, as rdma_rxe reports
+    a.phys_state = 5; // LinkUp
+    a.link_layer = sys::IBV_LINK_LAYER_ETHERNET as u8;
+    a
+}
+
+pub(crate) unsafe extern "C" fn query_port(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    attr: *mut sys::ibv_port_attr,
+    attr_size: usize,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's context.
+        let ctx = unsafe { Context::from_c(ctx)? };
+        if port_num != 1 || attr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program has room for attr_size bytes.
+        unsafe { ffi::copy_prefix(&port_attr(ctx), attr, attr_size) };
+        Ok(())
+    })
+}
+
+/// The exported `ibv_query_port` takes the older, shorter struct (verbs.h's
+/// inline wrapper calls it only when the context has no `query_port`).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    attr: *mut sys::_compat_ibv_port_attr,
+) -> c_int {
+    // SAFETY: passed on; the compat struct is a prefix of ibv_port_attr.
+    unsafe {
+        query_port(
+            ctx,
+            port_num,
+            attr.cast(),
+            std::mem::size_of::<sys::_compat_ibv_port_attr>(),
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    gid: *mut sys::ibv_gid,
+) -> c_int {
+    let r = ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (ctx, gid) = unsafe { (Context::from_c(ctx)?, ffi::out(gid)?) };
+        if port_num != 1 || index != 0 {
+            return Err(libc::EINVAL);
+        }
+        gid.raw = ctx.nic.gid().octets();
+        Ok(())
+    });
+    // rdma-core's ibv_query_gid returns -1 on failure.
+    if r == 0 {
+        0
+    } else {
+        -1
+    }
+}
+
+/// The GID's type for sysfs: RoCE v2 (`ibv_query_gid_type`, rdma-core
+/// private; ibv_devinfo and pyverbs use it).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    index: u32,
+    gid_type: *mut u32,
+) -> c_int {
+    let r = ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (_, t) = unsafe { (Context::from_c(ctx)?, ffi::out(gid_type)?) };
+        if port_num != 1 || index != 0 {
+            return Err(libc::EINVAL);
+        }
+        *t = 1; // IBV_GID_TYPE_SYSFS_ROCE_V2
+        Ok(())
+    });
+    if r == 0 {
+        0
+    } else {
+        -1
+    }
+}
+
+fn gid_entry(ctx: &Context) -> sys::ibv_gid_entry {
+    // SAFETY: plain data.
+    let mut e: sys::ibv_gid_entry = unsafe { std::mem::zeroed() };
+    e.gid.raw = ctx.nic.gid().octets();
+    e.gid_index = 0;
+    e.port_num = 1;
+    e.gid_type = sys::IBV_GID_TYPE_ROCE_V2;
+    e.ndev_ifindex = 1; // lo
+    e
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut sys::ibv_context,
+    port_num: u32,
+    gid_index: u32,
+    entry: *mut sys::ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's context.
+        let ctx = unsafe { Context::from_c(ctx)? };
+        if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<sys::ibv_gid_entry>() {
+            return Err(libc::EINVAL);
+        }
+        if port_num != 1 || gid_index != 0 {
+            return Err(libc::ENODATA);
+        }
+        // SAFETY: the program's entry, of at least our size.
+        unsafe { *entry = gid_entry(ctx) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut sys::ibv_context,
+    entries: *mut sys::ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    // SAFETY: the program's context.
+    let Ok(ctx) = (unsafe { Context::from_c(ctx) }) else {
+        return -(libc::EINVAL as isize);
+    };
+    if flags != 0 || entries.is_null() || entry_size < std::mem::size_of::<sys::ibv_gid_entry>() {
+        return -(libc::EINVAL as isize);
+    }
+    if max_entries == 0 {
+        return -(libc::EINVAL as isize);
+    }
+    // SAFETY: room for at least one entry.
+    unsafe { *entries = gid_entry(ctx) };
+    1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    let r = ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (_, pkey) = unsafe { (Context::from_c(ctx)?, ffi::out(pkey)?) };
+        if port_num != 1 || index != 0 {
+            return Err(libc::EINVAL);
+        }
+        *pkey = 0xFFFFu16.to_be();
+        Ok(())
+    });
+    if r == 0 {
+        0
+    } else {
+        -1
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    ctx: *mut sys::ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
+    // SAFETY: the program's context.
+    match unsafe { Context::from_c(ctx) } {
+        Ok(_) if port_num == 1 && u16::from_be(pkey) & 0x7FFF == 0x7FFF => 0,
+        _ => -1,
+    }
+}
+
+/// rnic has no sysfs files of its own: every read finds nothing (ibv_devinfo
+/// then leaves out the board id).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    _dir: *const c_char,
+    _file: *const c_char,
+    _buf: *mut c_char,
+    _size: usize,
+) -> c_int {
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}
+
+/// Fork support: rnic's memory is the program's own and its NIC a thread of
+/// the process, so there is nothing to protect from copy-on-write.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `IBV_FORK_UNNEEDED`: a child sees its parent's registered memory as any
+/// copy-on-write memory; nothing of rnic's breaks.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_is_fork_initialized() -> c_int {
+    2
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+/// The device's name, for messages.
+pub(crate) fn name_of(ctx: &Context) -> &str {
+    // SAFETY: copy_str always leaves a NUL terminator.
+    unsafe { CStr::from_ptr(ctx.slot.c.name.as_ptr()) }
+        .to_str()
+        .unwrap_or("rnic")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rnic_devices_parses_and_names_what_is_wrong() {
+        let d = parse_devices("rxe0=127.0.0.1, rxe1=::1").unwrap();
+        assert_eq!(d[0].name, "rxe0");
+        assert_eq!(d[1].addr, Some("::1".parse().unwrap()));
+        for (bad, says) in [
+            ("rxe0", "is not NAME=ADDR"),
+            ("rxe0=garbage", "\"garbage\" is not an IPv4 or IPv6 address"),
+            ("=127.0.0.1", "is not a device name"),
+            ("a b=127.0.0.1", "is not a device name"),
+            ("x=127.0.0.1,x=127.0.0.2", "named twice"),
+            ("", "is not NAME=ADDR"),
+        ] {
+            let e = parse_devices(bad).unwrap_err();
+            assert!(e.starts_with("RNIC_DEVICES="), "{e}");
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+}

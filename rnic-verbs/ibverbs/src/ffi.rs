@@ -1,0 +1,202 @@
+//! Where C meets Rust: raw pointers become checked references, Rust errors
+//! become errno values, and a panic becomes an error return instead of
+//! unwinding into C.
+//!
+//! Every object rnic hands to a program is a `#[repr(C)]` struct whose first
+//! field is the C struct the program sees (at `OFFSET` bytes in, for the
+//! context, which verbs.h places after `struct verbs_context`'s own fields),
+//! followed by a magic number. A pointer from the program is accepted only
+//! if it is non-null, aligned, and carries the right magic; the object is
+//! then used through a shared reference, its mutable parts behind locks.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// An object handed to C as a pointer to its first field (or the field at
+/// `OFFSET`).
+///
+/// # Safety
+/// The implementing type must be `#[repr(C)]` with `C` at byte `OFFSET` and a
+/// `magic: u64` field that holds `MAGIC` while the object is alive.
+pub(crate) unsafe trait Object: Sized {
+    /// The C struct the program sees.
+    type C;
+    /// Where it sits inside `Self`.
+    const OFFSET: usize = 0;
+    /// Eight bytes that say "this is one of ours, of this type".
+    const MAGIC: u64;
+    /// The magic field.
+    fn magic(&self) -> u64;
+    /// Clear the magic, so a later use of a freed object's pointer is caught
+    /// as long as the memory is not reused.
+    fn kill(&mut self);
+
+    /// Box the object and hand out the C pointer.
+    fn into_c(self) -> *mut Self::C {
+        let p = Box::into_raw(Box::new(self));
+        // SAFETY: OFFSET is within Self (the trait's contract).
+        unsafe { p.cast::<u8>().add(Self::OFFSET).cast() }
+    }
+}
+
+/// The object behind `p`, if `p` is one of ours of type `T`.
+///
+/// # Safety
+/// `p` must be null or point to memory that is readable for
+/// `size_of::<T>()` bytes from `p - OFFSET` (any pointer rnic handed out and
+/// has not freed is).
+pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
+    if p.is_null() {
+        return None;
+    }
+    let base = p.cast::<u8>().wrapping_sub(T::OFFSET).cast::<T>();
+    if !base.is_aligned() {
+        return None;
+    }
+    // SAFETY: the caller's promise; `T` is valid whenever its magic is set,
+    // which it is from `into_c` until `free`.
+    let t = unsafe { &*base };
+    (t.magic() == T::MAGIC).then_some(t)
+}
+
+/// Free an object handed out by `into_c`.
+///
+/// # Safety
+/// As for `obj`, and nothing may use the object afterwards.
+pub(crate) unsafe fn free<T: Object>(p: *mut T::C) -> Option<T> {
+    // SAFETY: the caller's promise.
+    unsafe { obj::<T>(p)? };
+    let base = p.cast::<u8>().wrapping_sub(T::OFFSET).cast::<T>();
+    // SAFETY: it came from Box::into_raw in into_c and its magic is intact.
+    let mut b = unsafe { Box::from_raw(base) };
+    b.kill();
+    Some(*b)
+}
+
+/// Implement `Object` for a struct with fields `c` (or `v` for the context)
+/// and `magic`.
+macro_rules! object {
+    ($t:ty, $c:ty, $magic:literal) => {
+        object!($t, $c, $magic, 0, c);
+    };
+    ($t:ty, $c:ty, $magic:literal, $offset:expr, $field:ident) => {
+        // SAFETY: `$t` is #[repr(C)] with the C struct first (or at $offset)
+        // and a magic field.
+        unsafe impl $crate::ffi::Object for $t {
+            type C = $c;
+            const OFFSET: usize = $offset;
+            const MAGIC: u64 = u64::from_le_bytes(*$magic);
+            fn magic(&self) -> u64 {
+                self.magic
+            }
+            fn kill(&mut self) {
+                self.magic = 0;
+            }
+        }
+    };
+}
+pub(crate) use object;
+
+/// Set the calling thread's errno.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: errno is thread-local; the pointer is valid for this thread.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// The errno rdma-core would give for `e`.
+pub(crate) fn errno_of(e: &rnic_verbs::Error) -> i32 {
+    use rnic_core::mem::MemError;
+    use rnic_verbs::{Error, VerbError};
+    match e {
+        Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
+        Error::Verb(v) => match v {
+            VerbError::QueueFull => libc::ENOMEM,
+            VerbError::Unsupported(_) => libc::EOPNOTSUPP,
+            VerbError::Mem(MemError::PdBusy(_) | MemError::WindowsBound(_)) => libc::EBUSY,
+            VerbError::Mem(MemError::UnsupportedAccess(_)) => libc::EOPNOTSUPP,
+            _ => libc::EINVAL,
+        },
+        Error::NoFreeAddress => libc::EADDRINUSE,
+        Error::Timeout => libc::EAGAIN,
+        _ => libc::EINVAL,
+    }
+}
+
+/// Run `f`, catching a panic: a verb that returns an errno (0 on success).
+pub(crate) fn errno_call(f: impl FnOnce() -> Result<(), i32>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => e,
+        Err(_) => {
+            eprintln!("rnic: internal error (a panic was caught at the C boundary)");
+            libc::EIO
+        }
+    }
+}
+
+/// Run `f`, catching a panic: a verb that returns a pointer, or NULL with
+/// errno set.
+pub(crate) fn ptr_call<T>(f: impl FnOnce() -> Result<*mut T, i32>) -> *mut T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            eprintln!("rnic: internal error (a panic was caught at the C boundary)");
+            set_errno(libc::EIO);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Run `f`, catching a panic: a verb that returns -1 with errno set on
+/// failure (the `ibv_get_cq_event` convention).
+pub(crate) fn minus_one_call(f: impl FnOnce() -> Result<i32, i32>) -> i32 {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            set_errno(e);
+            -1
+        }
+        Err(_) => {
+            set_errno(libc::EIO);
+            -1
+        }
+    }
+}
+
+/// `Some(&mut *p)` for a non-null, aligned pointer to a caller's struct.
+///
+/// # Safety
+/// `p` must be null or valid for writes of a `T` for the returned lifetime.
+pub(crate) unsafe fn out<'a, T>(p: *mut T) -> Result<&'a mut T, i32> {
+    if p.is_null() || !p.is_aligned() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { &mut *p })
+}
+
+/// `Some(&*p)` for a non-null, aligned pointer to a caller's struct.
+///
+/// # Safety
+/// `p` must be null or valid for reads of a `T` for the returned lifetime.
+pub(crate) unsafe fn input<'a, T>(p: *const T) -> Result<&'a T, i32> {
+    if p.is_null() || !p.is_aligned() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { &*p })
+}
+
+/// Copy the first `size` bytes of `value` to `dst` (the extended verbs'
+/// "fill what the caller's struct has room for").
+///
+/// # Safety
+/// `dst` must be valid for `size` bytes of writes.
+pub(crate) unsafe fn copy_prefix<T>(value: &T, dst: *mut T, size: usize) {
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: `value` is a whole T; `dst` has room for `size` >= n bytes.
+    unsafe { std::ptr::copy_nonoverlapping((value as *const T).cast::<u8>(), dst.cast::<u8>(), n) };
+}
