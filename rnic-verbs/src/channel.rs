@@ -64,7 +64,9 @@ pub struct CompletionChannel {
 
 impl CompletionChannel {
     pub(crate) fn new() -> io::Result<CompletionChannel> {
-        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        // Blocking, as rdma-core's channel descriptor is: a program may set
+        // O_NONBLOCK itself, and rnic reads only after poll says readable.
+        let fd = eventfd(0, EventfdFlags::CLOEXEC)?;
         let (events, rx) = crossbeam_channel::unbounded();
         Ok(CompletionChannel {
             signal: Arc::new(Signal { fd, events }),
@@ -79,8 +81,7 @@ impl CompletionChannel {
     pub fn get_cq_event(&self, timeout: Duration) -> Result<u32> {
         let deadline = Instant::now() + timeout;
         loop {
-            let mut counter = [0u8; 8];
-            let _ = rustix::io::read(&self.signal.fd, &mut counter);
+            drain(&self.signal.fd);
             if let Ok(cq) = self.events.try_recv() {
                 if !self.events.is_empty() {
                     // More events wait: keep the descriptor readable.
@@ -109,6 +110,16 @@ impl AsFd for CompletionChannel {
     }
 }
 
+/// Reset an eventfd's counter if it is readable, without blocking whether or
+/// not the descriptor is non-blocking.
+fn drain(fd: &OwnedFd) {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    if matches!(poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(fd, &mut counter);
+    }
+}
+
 /// An eventfd that is readable while something waits behind it.
 #[derive(Debug)]
 pub(crate) struct Bell {
@@ -118,7 +129,8 @@ pub(crate) struct Bell {
 impl Bell {
     fn new() -> io::Result<Bell> {
         Ok(Bell {
-            fd: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
+            // Blocking, as the descriptor it stands for is (see above).
+            fd: eventfd(0, EventfdFlags::CLOEXEC)?,
         })
     }
     /// Make the descriptor readable.
@@ -128,8 +140,7 @@ impl Bell {
     }
     /// Make it unreadable again.
     fn clear(&self) {
-        let mut counter = [0u8; 8];
-        let _ = rustix::io::read(&self.fd, &mut counter);
+        drain(&self.fd);
     }
     /// Wait until it is readable, or `timeout` passes (`None`: forever).
     fn wait(&self, timeout: Option<Duration>) -> Result<()> {

@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod demo;
 mod dump;
+mod exec;
 mod perf;
 mod pingpong;
 
@@ -96,6 +97,20 @@ enum Command {
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
         #[arg(short = 'm', long, default_value_t = 1024)]
         mtu: u32,
+    },
+    /// Run an unmodified verbs program (ibv_rc_pingpong, ib_write_bw, your
+    /// own) on rnic: its libibverbs.so.1 is rnic's drop-in library.
+    Exec {
+        /// The devices the program sees, as NAME=ADDR,NAME=ADDR (sets
+        /// RNIC_DEVICES); by default one, rnic0, on the first free loopback
+        /// address.
+        #[arg(long, value_name = "NAME=ADDR,...")]
+        devices: Option<String>,
+        /// The program.
+        program: std::ffi::OsString,
+        /// Its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
     /// What a NIC is and supports, like ibv_devinfo -v.
     Devinfo,
@@ -211,6 +226,15 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        Command::Exec {
+            devices,
+            program,
+            args,
+        } => {
+            let e = exec::run(&program, &args, devices.as_deref());
+            eprintln!("rnic exec: {e}");
+            ExitCode::from(127)
         }
         Command::Devinfo => match rnic_verbs::Device::open_loopback() {
             Ok(dev) => {

@@ -28,8 +28,10 @@ pub(crate) struct Cq {
     pub cq: CompletionQueue,
     channel: *mut sys::ibv_comp_channel,
     ctx: *mut sys::ibv_context,
-    /// The completion `ibv_start_poll`/`ibv_next_poll` made current.
-    current: Mutex<Option<Completion>>,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` made current, and
+    /// when (its completion timestamp: the moment rnic handed it to the
+    /// poller, on `clock_ns`).
+    current: Mutex<Option<(Completion, u64)>>,
 }
 object!(Cq, sys::ibv_cq, b"rnic-cq\0");
 
@@ -178,7 +180,7 @@ fn set_current(cq: &Cq, c: Option<Completion>) -> c_int {
         (*cq.ex()).status = status(c.status);
         (*cq.ex()).wr_id = c.wr_id;
     }
-    *cq.current.lock() = Some(c);
+    *cq.current.lock() = Some((c, crate::device::clock_ns()));
     0
 }
 
@@ -212,7 +214,7 @@ unsafe extern "C" fn end_poll(p: *mut sys::ibv_cq_ex) {
 unsafe fn read<T: Default>(p: *mut sys::ibv_cq_ex, f: impl FnOnce(&Completion) -> T) -> T {
     // SAFETY: the program's pointer.
     unsafe { cq_ex(p) }
-        .and_then(|cq| cq.current.lock().as_ref().map(f))
+        .and_then(|cq| cq.current.lock().as_ref().map(|(c, _)| f(c)))
         .unwrap_or_default()
 }
 
@@ -248,6 +250,12 @@ unsafe extern "C" fn read_wc_flags(p: *mut sys::ibv_cq_ex) -> u32 {
     // SAFETY: passed on.
     unsafe { read(p, wc_flags) }
 }
+unsafe extern "C" fn read_completion_ts(p: *mut sys::ibv_cq_ex) -> u64 {
+    // SAFETY: the program's pointer.
+    unsafe { cq_ex(p) }
+        .and_then(|cq| cq.current.lock().as_ref().map(|&(_, t)| t))
+        .unwrap_or(0)
+}
 unsafe extern "C" fn read_slid(_p: *mut sys::ibv_cq_ex) -> u32 {
     0
 }
@@ -266,7 +274,8 @@ const SUPPORTED_WC_FLAGS: u64 = sys::IBV_WC_EX_WITH_BYTE_LEN as u64
     | sys::IBV_WC_EX_WITH_SRC_QP as u64
     | sys::IBV_WC_EX_WITH_SLID as u64
     | sys::IBV_WC_EX_WITH_SL as u64
-    | sys::IBV_WC_EX_WITH_DLID_PATH_BITS as u64;
+    | sys::IBV_WC_EX_WITH_DLID_PATH_BITS as u64
+    | sys::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP as u64;
 
 unsafe fn create(
     ctx: *mut sys::ibv_context,
@@ -310,6 +319,7 @@ unsafe fn create(
     ex.read_slid = Some(read_slid);
     ex.read_sl = Some(read_sl);
     ex.read_dlid_path_bits = Some(read_dlid_path_bits);
+    ex.read_completion_ts = Some(read_completion_ts);
     let id = cq.id();
     let p = Cq {
         c: UnsafeCell::new(ex),
@@ -470,17 +480,32 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         } else {
             Duration::from_secs(3600)
         };
-        let id = loop {
-            match ch.ch.get_cq_event(wait) {
-                Ok(id) => break id,
+        let (p, q) = loop {
+            let id = match ch.ch.get_cq_event(wait) {
+                Ok(id) => id,
                 Err(rnic_verbs::Error::Timeout) if wait.is_zero() => return Err(libc::EAGAIN),
                 Err(rnic_verbs::Error::Timeout) => continue,
                 Err(e) => return Err(ffi::errno_of(&e)),
+            };
+            let Some(&p) = ch.cqs.lock().get(&id) else {
+                continue; // the CQ was destroyed since
+            };
+            let p = p as *mut sys::ibv_cq;
+            // SAFETY: a CQ on the channel is alive (destroying it unlists it).
+            let q = unsafe { Cq::from_c(p)? };
+            // An event whose completion the program already polled (it
+            // arrived between arming and polling) would wake it to an empty
+            // CQ, which programs such as ibv_rc_pingpong -t take for an
+            // error. Such an event is kept back and the CQ stays armed, so
+            // the next completion raises it again.
+            if q.cq.is_empty() {
+                q.cq.req_notify();
+                if q.cq.is_empty() {
+                    continue;
+                }
             }
+            break (p, q);
         };
-        let p = *ch.cqs.lock().get(&id).ok_or(libc::EIO)? as *mut sys::ibv_cq;
-        // SAFETY: a CQ on the channel is alive (destroying it unlists it).
-        let q = unsafe { Cq::from_c(p)? };
         *cq_out = p;
         // SAFETY: the C part's cq_context, set by the program.
         *ctx_out = unsafe { (*q.ex()).cq_context };

@@ -412,8 +412,56 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         let mut ex: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         ex.orig_attr = device_attr(ctx);
         ex.phys_port_cnt_ex = 1;
-        // SAFETY: the program has room for attr_size bytes.
+        // rnic never pins: it reads and writes the program's memory where it
+        // is, when a packet needs it. That is on-demand paging; the implicit
+        // kind (the whole address space open to peers) is not offered.
+        ex.odp_caps.general_caps = u64::from(sys::IBV_ODP_SUPPORT);
+        let rc = sys::IBV_ODP_SUPPORT_SEND
+            | sys::IBV_ODP_SUPPORT_RECV
+            | sys::IBV_ODP_SUPPORT_WRITE
+            | sys::IBV_ODP_SUPPORT_READ
+            | sys::IBV_ODP_SUPPORT_ATOMIC
+            | sys::IBV_ODP_SUPPORT_SRQ_RECV;
+        ex.odp_caps.per_transport_caps.rc_odp_caps = rc;
+        ex.odp_caps.per_transport_caps.uc_odp_caps =
+            sys::IBV_ODP_SUPPORT_SEND | sys::IBV_ODP_SUPPORT_RECV | sys::IBV_ODP_SUPPORT_WRITE;
+        ex.odp_caps.per_transport_caps.ud_odp_caps =
+            sys::IBV_ODP_SUPPORT_SEND | sys::IBV_ODP_SUPPORT_RECV;
+        // Completion timestamps in nanoseconds (a 1 GHz clock): when rnic
+        // handed the completion to the poller (see cq.rs).
+        ex.completion_timestamp_mask = u64::MAX;
+        ex.hca_core_clock = 1_000_000; // kHz
+                                       // SAFETY: the program has room for attr_size bytes.
         unsafe { ffi::copy_prefix(&ex, attr, attr_size) };
+        Ok(())
+    })
+}
+
+/// The clock completion timestamps are read on: nanoseconds of
+/// CLOCK_MONOTONIC.
+pub(crate) fn clock_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(crate) unsafe extern "C" fn query_rt_values(
+    ctx: *mut sys::ibv_context,
+    values: *mut sys::ibv_values_ex,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (_, v) = unsafe { (Context::from_c(ctx)?, ffi::out(values)?) };
+        if v.comp_mask & !sys::IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return Err(libc::EINVAL);
+        }
+        let ns = clock_ns();
+        v.raw_clock.tv_sec = (ns / 1_000_000_000) as _;
+        v.raw_clock.tv_nsec = (ns % 1_000_000_000) as _;
         Ok(())
     })
 }

@@ -39,7 +39,8 @@ impl Mr {
 const OPTIONAL_FIRST: u32 = 1 << 20;
 
 fn access_of(flags: u32) -> Result<Access, i32> {
-    let required = flags & (OPTIONAL_FIRST - 1);
+    // IBV_ACCESS_ON_DEMAND asks for what rnic always does (it never pins).
+    let required = flags & (OPTIONAL_FIRST - 1) & !sys::IBV_ACCESS_ON_DEMAND;
     Access::from_bits(required).ok_or(libc::EOPNOTSUPP)
 }
 

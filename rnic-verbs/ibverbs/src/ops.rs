@@ -19,6 +19,7 @@ pub(crate) fn fill(v: &mut sys::verbs_context) {
 
     v.query_port = Some(device::query_port);
     v.query_device_ex = Some(device::query_device_ex);
+    v.query_rt_values = Some(device::query_rt_values);
     v.create_qp_ex = Some(qp::create_qp_ex);
     v.create_cq_ex = Some(cq::create_cq_ex);
     v.sz = std::mem::size_of::<sys::verbs_context>();
