@@ -466,6 +466,16 @@ pub(crate) unsafe extern "C" fn query_rt_values(
     })
 }
 
+/// XRC is not offered: say so, rather than leave a bare errno.
+pub(crate) unsafe extern "C" fn open_xrcd(
+    _ctx: *mut sys::ibv_context,
+    _attr: *mut sys::ibv_xrcd_init_attr,
+) -> *mut sys::ibv_xrcd {
+    eprintln!("rnic: XRC is not supported (RC, UC and UD are)");
+    ffi::set_errno(libc::EOPNOTSUPP);
+    std::ptr::null_mut()
+}
+
 fn port_attr(ctx: &Context) -> sys::ibv_port_attr {
     let p = ctx.nic.query_port();
     // SAFETY: plain data.
@@ -683,6 +693,12 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     c"/sys".as_ptr()
 }
+
+/// Provider libraries (libmlx5, libefa, which perftest links) register
+/// themselves from their constructors. rnic is the only device here and
+/// loads no provider, so a registration is accepted and ignored.
+#[no_mangle]
+pub unsafe extern "C" fn verbs_register_driver_34(_ops: *const c_void) {}
 
 /// Fork support: rnic's memory is the program's own and its NIC a thread of
 /// the process, so there is nothing to protect from copy-on-write.

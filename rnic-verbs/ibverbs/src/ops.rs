@@ -22,6 +22,7 @@ pub(crate) fn fill(v: &mut sys::verbs_context) {
     v.query_rt_values = Some(device::query_rt_values);
     v.create_qp_ex = Some(qp::create_qp_ex);
     v.create_cq_ex = Some(cq::create_cq_ex);
+    v.open_xrcd = Some(device::open_xrcd);
     v.sz = std::mem::size_of::<sys::verbs_context>();
     // __VERBS_ABI_IS_EXTENDED: verbs_get_ctx() then finds `v` before the context.
     v.context.abi_compat = usize::MAX as *mut std::ffi::c_void;

@@ -1,0 +1,143 @@
+//! The built library as the dynamic loader and a C program see it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `target/<profile>/rnic-ibverbs/libibverbs.so.1`, left by the linker
+/// wrapper when cargo built the cdylib for this test run.
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let lib = profile_dir.join("rnic-ibverbs/libibverbs.so.1");
+    assert!(lib.is_file(), "{} was not built", lib.display());
+    lib
+}
+
+fn require(tool: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found && std::env::var_os("RNIC_REQUIRE_TOOLS").is_some() {
+        panic!("{tool} is required (RNIC_REQUIRE_TOOLS is set)");
+    }
+    if !found {
+        eprintln!("SKIPPED: {tool} is not installed");
+    }
+    found
+}
+
+#[test]
+fn every_listed_symbol_is_exported_under_its_version_and_nothing_else() {
+    if !require("readelf") {
+        return;
+    }
+    let out = Command::new("readelf")
+        .args(["--dyn-syms", "-W"])
+        .arg(library())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut exported: Vec<String> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Num: Value Size Type Bind Vis Ndx Name
+            (f.len() >= 8 && f[6] != "UND" && f[4] == "GLOBAL").then(|| f[7].to_string())
+        })
+        .collect();
+    exported.sort();
+    assert!(
+        exported
+            .iter()
+            .any(|s| s == "ibv_get_device_list@@IBVERBS_1.1"),
+        "ibv_get_device_list@@IBVERBS_1.1 missing: {exported:?}"
+    );
+    let list = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/abi/rdma-core-44.symbols"
+    ))
+    .unwrap();
+    let mut want: Vec<String> = list
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            format!("{}@@{}", f[0], f[1])
+        })
+        .collect();
+    // The version nodes themselves appear as absolute symbols.
+    exported.retain(|s| !s.starts_with("IBVERBS_"));
+    want.sort();
+    assert_eq!(exported, want);
+    assert!(
+        text.contains("verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34")
+            && text.contains("OBJECT"),
+        "the provider data object is exported as data"
+    );
+}
+
+#[test]
+fn the_symbol_list_matches_the_installed_libibverbs() {
+    let installed = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if !installed.exists() {
+        eprintln!("SKIPPED: no installed libibverbs.so.1 to compare with");
+        return;
+    }
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/gen-symbols"))
+        .arg(installed)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let list = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/abi/rdma-core-44.symbols"
+    ))
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        list,
+        "the installed rdma-core exports another set: regenerate abi/ with gen-symbols \
+         and build with RNIC_IBVERBS_SYMBOLS pointing at it"
+    );
+}
+
+/// A C program, built against the installed verbs.h, sees rnic's errors as
+/// rdma-core defines them (tests/c/errors.c says which).
+#[test]
+fn error_paths_reach_a_c_program() {
+    if !require("gcc") {
+        return;
+    }
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        assert!(
+            std::env::var_os("RNIC_REQUIRE_TOOLS").is_none(),
+            "libibverbs-dev is required (RNIC_REQUIRE_TOOLS is set)"
+        );
+        eprintln!("SKIPPED: no <infiniband/verbs.h> (libibverbs-dev)");
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let exe = dir.join("errors");
+    let st = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/errors.c"))
+        .arg("-libverbs")
+        .status()
+        .unwrap();
+    assert!(st.success(), "gcc failed");
+    let lib = library();
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(&exe)
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+        // Its own device on loopback, away from other tests' default ones.
+        .env("RNIC_DEVICES", "rnic0=127.0.0.201")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("all error paths as expected"), "{stdout}");
+}
