@@ -788,3 +788,29 @@ fn a_read_of_two_to_the_23_packets_is_refused_at_post() {
         .post_send(now, qpn, read((1 << 31) - 256))
         .unwrap();
 }
+
+/// `ibv_destroy_qp`: packets for a destroyed QP find nothing (counted as
+/// for an unknown QP, memory untouched, no answer), its number is not given
+/// out again, and destroying it twice is an error.
+#[test]
+fn a_destroyed_qp_takes_no_more_packets() {
+    let mut p = Pair::new(44, &Params::default());
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    let qpn = p.b.qpn;
+    p.c.nics[1].destroy_qp(qpn).unwrap();
+    assert!(p.c.nics[1].destroy_qp(qpn).is_err(), "destroyed twice");
+    assert!(p.c.nics[1].query_qp(qpn).is_err());
+    let before = p.c.nics[1].counters().unknown_qp;
+    let write = craft(a, b, write_only(&p), &[0x5A; 8]);
+    deliver_to_b(&mut p, write);
+    assert_eq!(p.c.nics[1].counters().unknown_qp, before + 1);
+    assert_eq!(p.read(1, 0, 8), [0; 8]);
+    assert!(p.c.nics[1].poll_transmit().is_none(), "no answer");
+    // A new QP on B gets a new number.
+    let pd = p.b.pd;
+    let cq = p.b.cq;
+    let fresh = p.c.nics[1]
+        .create_qp(pd, rnic_core::qp::QpType::Rc, cq, cq, Default::default())
+        .unwrap();
+    assert_ne!(fresh, qpn);
+}
