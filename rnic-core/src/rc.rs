@@ -343,6 +343,22 @@ impl Qp {
             .position(|w| w.status.is_none() && w.covers(psn))
     }
 
+    /// The receive completion for receive `wr_id` with `status`, carrying
+    /// nothing yet (no bytes, no immediate): what a flushed or refused
+    /// receive reports, and what a delivered one starts from.
+    pub fn recv_completion(&self, wr_id: u64, status: WcStatus) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: self.qpn,
+            src_qp: None,
+            invalidated_rkey: None,
+        }
+    }
+
     /// The send completion for `w` with `status`.
     pub fn send_completion(&self, w: &SendWqe, status: WcStatus) -> Completion {
         Completion {
@@ -604,20 +620,9 @@ impl Qp {
         if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
             self.return_recv(ctx, recv);
         }
-        for r in self.rq.drain(..) {
-            ctx.complete(
-                self.recv_cq,
-                Completion {
-                    wr_id: r.wr_id,
-                    status: WcStatus::WrFlushErr,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm_data: None,
-                    qp_num: self.qpn,
-                    src_qp: None,
-                    invalidated_rkey: None,
-                },
-            );
+        for r in std::mem::take(&mut self.rq) {
+            let c = self.recv_completion(r.wr_id, WcStatus::WrFlushErr);
+            ctx.complete(self.recv_cq, c);
         }
     }
 }

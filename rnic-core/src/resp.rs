@@ -86,19 +86,8 @@ impl Qp {
     fn refuse(&mut self, ctx: &mut Ctx<'_>, psn: Psn, code: NakCode, status: WcStatus) {
         self.send_ack(ctx, Syndrome::Nak(code), psn);
         if let Some(InMsg::Send { recv, .. }) = self.in_msg.take() {
-            ctx.complete(
-                self.recv_cq,
-                Completion {
-                    wr_id: recv.wr_id,
-                    status,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm_data: None,
-                    qp_num: self.qpn,
-                    src_qp: None,
-                    invalidated_rkey: None,
-                },
-            );
+            let c = self.recv_completion(recv.wr_id, status);
+            ctx.complete(self.recv_cq, c);
         }
         self.enter_error(ctx);
     }
@@ -363,14 +352,10 @@ impl Qp {
             ctx.complete(
                 self.recv_cq,
                 Completion {
-                    wr_id: recv.wr_id,
-                    status,
-                    opcode: WcOpcode::Recv,
                     byte_len: offset as u32,
                     imm_data: pkt.immdt().map(|i| i.immediate()),
-                    qp_num: self.qpn,
-                    src_qp: None,
                     invalidated_rkey,
+                    ..self.recv_completion(recv.wr_id, status)
                 },
             );
             if status != WcStatus::Success {
@@ -463,14 +448,10 @@ impl Qp {
                     ctx.complete(
                         self.recv_cq,
                         Completion {
-                            wr_id: recv.wr_id,
-                            status: WcStatus::Success,
                             opcode: WcOpcode::RecvRdmaWithImm,
                             byte_len: length as u32,
                             imm_data: Some(imm.immediate()),
-                            qp_num: self.qpn,
-                            src_qp: None,
-                            invalidated_rkey: None,
+                            ..self.recv_completion(recv.wr_id, WcStatus::Success)
                         },
                     );
                 }

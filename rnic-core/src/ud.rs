@@ -122,18 +122,14 @@ impl Qp {
         ctx.complete(
             self.recv_cq,
             Completion {
-                wr_id: recv.wr_id,
-                status,
-                opcode: WcOpcode::Recv,
                 byte_len: if status == WcStatus::Success {
                     data.len() as u32
                 } else {
                     0
                 },
                 imm_data: pkt.immdt().map(|i| i.immediate()),
-                qp_num: self.qpn,
                 src_qp: Some(d.src_qp()),
-                invalidated_rkey: None,
+                ..self.recv_completion(recv.wr_id, status)
             },
         );
     }
