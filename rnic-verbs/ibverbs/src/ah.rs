@@ -91,7 +91,8 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut sys::ibv_grh,
     ah_attr: *mut sys::ibv_ah_attr,
 ) -> c_int {
-    let r = ffi::errno_call(|| {
+    // -1 with errno on failure, as rdma-core returns it.
+    ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (_, grh, attr) =
             unsafe { (Context::from_c(ctx)?, ffi::input(grh)?, ffi::out(ah_attr)?) };
@@ -110,13 +111,8 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         attr.port_num = port_num;
         attr.grh.dgid.raw = sgid;
         attr.grh.hop_limit = 0xFF;
-        Ok(())
-    });
-    if r == 0 {
-        0
-    } else {
-        -1
-    }
+        Ok(0)
+    })
 }
 
 #[no_mangle]

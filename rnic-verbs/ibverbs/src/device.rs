@@ -541,21 +541,16 @@ pub unsafe extern "C" fn ibv_query_gid(
     index: c_int,
     gid: *mut sys::ibv_gid,
 ) -> c_int {
-    let r = ffi::errno_call(|| {
+    // -1 with errno on failure, as rdma-core returns it.
+    ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (ctx, gid) = unsafe { (Context::from_c(ctx)?, ffi::out(gid)?) };
         if port_num != 1 || index != 0 {
             return Err(libc::EINVAL);
         }
         gid.raw = ctx.nic.gid().octets();
-        Ok(())
-    });
-    // rdma-core's ibv_query_gid returns -1 on failure.
-    if r == 0 {
-        0
-    } else {
-        -1
-    }
+        Ok(0)
+    })
 }
 
 /// The GID's type for sysfs: RoCE v2 (`ibv_query_gid_type`, rdma-core
@@ -567,20 +562,16 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     index: u32,
     gid_type: *mut u32,
 ) -> c_int {
-    let r = ffi::errno_call(|| {
+    // -1 with errno on failure, as rdma-core returns it.
+    ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (_, t) = unsafe { (Context::from_c(ctx)?, ffi::out(gid_type)?) };
         if port_num != 1 || index != 0 {
             return Err(libc::EINVAL);
         }
         *t = 1; // IBV_GID_TYPE_SYSFS_ROCE_V2
-        Ok(())
-    });
-    if r == 0 {
-        0
-    } else {
-        -1
-    }
+        Ok(0)
+    })
 }
 
 fn gid_entry(ctx: &Context) -> sys::ibv_gid_entry {
@@ -648,20 +639,16 @@ pub unsafe extern "C" fn ibv_query_pkey(
     index: c_int,
     pkey: *mut u16,
 ) -> c_int {
-    let r = ffi::errno_call(|| {
+    // -1 with errno on failure, as rdma-core returns it.
+    ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (_, pkey) = unsafe { (Context::from_c(ctx)?, ffi::out(pkey)?) };
         if port_num != 1 || index != 0 {
             return Err(libc::EINVAL);
         }
         *pkey = 0xFFFFu16.to_be();
-        Ok(())
-    });
-    if r == 0 {
-        0
-    } else {
-        -1
-    }
+        Ok(0)
+    })
 }
 
 #[no_mangle]

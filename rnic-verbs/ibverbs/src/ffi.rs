@@ -166,6 +166,54 @@ pub(crate) fn minus_one_call(f: impl FnOnce() -> Result<i32, i32>) -> i32 {
     }
 }
 
+/// A work-request list from C (`ibv_send_wr`, `ibv_recv_wr`).
+pub(crate) trait WrList {
+    /// The request after this one (null at the end).
+    fn next(&self) -> *mut Self;
+}
+
+impl WrList for crate::sys::ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl WrList for crate::sys::ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Post the program's list `wr` on `obj` with `post`, one request at a time,
+/// stopping at the first that fails: its errno comes back and `*bad_wr`
+/// names it (the head of the list if `obj` itself was bad), as verbs says.
+///
+/// # Safety
+/// `wr` must be null or a valid list; `bad_wr` null or writable.
+pub(crate) unsafe fn post_list<O, W: WrList>(
+    obj: Result<&O, i32>,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    post: impl Fn(&O, &W) -> Result<(), i32>,
+) -> i32 {
+    let mut cur = wr;
+    let r = errno_call(|| {
+        let o = obj?;
+        while !cur.is_null() {
+            // SAFETY: the caller's promise.
+            let w = unsafe { &*cur };
+            post(o, w)?;
+            cur = w.next();
+        }
+        Ok(())
+    });
+    if r != 0 && !bad_wr.is_null() {
+        // SAFETY: the caller's promise.
+        unsafe { *bad_wr = if cur.is_null() { wr } else { cur } };
+    }
+    r
+}
+
 /// `Some(&mut *p)` for a non-null, aligned pointer to a caller's struct.
 ///
 /// # Safety

@@ -266,6 +266,16 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     })
 }
 
+/// An attribute the mask names must be valid (not quietly replaced); one
+/// it does not name is not looked at, so `default` stands in for it.
+fn masked<T>(mask: AttrMask, bit: AttrMask, value: Option<T>, default: T) -> Result<T, i32> {
+    match value {
+        Some(v) => Ok(v),
+        None if mask.contains(bit) => Err(libc::EINVAL),
+        None => Ok(default),
+    }
+}
+
 fn av_of(ctx: &Context, ah: &sys::ibv_ah_attr) -> Result<AddressVector, i32> {
     Ok(AddressVector {
         dest: dest_of(ctx, ah)?,
@@ -289,16 +299,40 @@ pub unsafe extern "C" fn ibv_modify_qp(
         // SAFETY: the program's pointers.
         let (q, a) = unsafe { (Qp::from_c(qp)?, ffi::input(attr)?) };
         let mask = AttrMask(mask as u32);
-        let mut r = QpAttr {
-            qp_state: state_of(a.qp_state).unwrap_or(QpState::Reset),
-            cur_qp_state: state_of(a.cur_qp_state).unwrap_or(QpState::Reset),
+        let r = QpAttr {
+            qp_state: masked(
+                mask,
+                AttrMask::STATE,
+                state_of(a.qp_state).ok(),
+                QpState::Reset,
+            )?,
+            cur_qp_state: masked(
+                mask,
+                AttrMask::CUR_STATE,
+                state_of(a.cur_qp_state).ok(),
+                QpState::Reset,
+            )?,
             en_sqd_async_notify: a.en_sqd_async_notify != 0,
-            qp_access_flags: Access::from_bits(a.qp_access_flags).unwrap_or(Access::NONE),
+            qp_access_flags: masked(
+                mask,
+                AttrMask::ACCESS_FLAGS,
+                Access::from_bits(a.qp_access_flags),
+                Access::NONE,
+            )?,
             pkey_index: a.pkey_index,
             port_num: a.port_num,
             qkey: a.qkey,
-            ah_attr: None,
-            path_mtu: Mtu::from_ibv(a.path_mtu).unwrap_or(Mtu::Mtu1024),
+            ah_attr: if mask.contains(AttrMask::AV) {
+                Some(av_of(q.context()?, &a.ah_attr)?)
+            } else {
+                None
+            },
+            path_mtu: masked(
+                mask,
+                AttrMask::PATH_MTU,
+                Mtu::from_ibv(a.path_mtu),
+                Mtu::Mtu1024,
+            )?,
             timeout: a.timeout,
             retry_cnt: a.retry_cnt,
             rnr_retry: a.rnr_retry,
@@ -309,31 +343,16 @@ pub unsafe extern "C" fn ibv_modify_qp(
             min_rnr_timer: a.min_rnr_timer,
             dest_qp_num: a.dest_qp_num,
         };
-        // Values the mask names must be valid, not quietly replaced.
-        if mask.contains(AttrMask::STATE) {
-            r.qp_state = state_of(a.qp_state)?;
-        }
-        if mask.contains(AttrMask::CUR_STATE) {
-            r.cur_qp_state = state_of(a.cur_qp_state)?;
-        }
-        if mask.contains(AttrMask::ACCESS_FLAGS) {
-            r.qp_access_flags = Access::from_bits(a.qp_access_flags).ok_or(libc::EINVAL)?;
-        }
-        if mask.contains(AttrMask::PATH_MTU) {
-            r.path_mtu = Mtu::from_ibv(a.path_mtu).ok_or(libc::EINVAL)?;
-        }
-        if mask.contains(AttrMask::AV) {
-            r.ah_attr = Some(av_of(q.context()?, &a.ah_attr)?);
-        }
         q.qp.modify(&r, mask).map_err(|e| {
             if std::env::var_os("RNIC_LOG").is_some() {
                 eprintln!("rnic: ibv_modify_qp on QP {:#x}: {e}", q.qp.qpn());
             }
             ffi::errno_of(&e)
         })?;
-        if let Ok(s) = q.qp.state() {
+        if mask.contains(AttrMask::STATE) {
+            // The modify succeeded, so the QP is in the state asked for.
             // SAFETY: rnic's own field of the C part (see `Qp`).
-            unsafe { (*q.ex()).qp_base.state = c_state(s) };
+            unsafe { (*q.ex()).qp_base.state = c_state(r.qp_state) };
         }
         Ok(())
     })
@@ -586,24 +605,20 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut sys::ibv_send_wr,
     bad_wr: *mut *mut sys::ibv_send_wr,
 ) -> c_int {
-    let mut cur = wr;
-    let r = ffi::errno_call(|| {
-        // SAFETY: the program's pointer.
-        let q = unsafe { Qp::from_c(qp)? };
-        while !cur.is_null() {
-            // SAFETY: the program's list of work requests.
-            let w = unsafe { &*cur };
-            // SAFETY: as above.
-            unsafe { post_one(q, w)? };
-            cur = w.next;
-        }
-        Ok(())
-    });
-    if r != 0 && !bad_wr.is_null() {
-        // SAFETY: the program's out-parameter.
-        unsafe { *bad_wr = if cur.is_null() { wr } else { cur } };
-    }
-    r
+    // SAFETY: the program's QP and list of work requests.
+    unsafe { ffi::post_list(Qp::from_c(qp), wr, bad_wr, |q, w| post_one(q, w)) }
+}
+
+/// A receive work request from C.
+///
+/// # Safety
+/// `w`'s scatter/gather list must hold `num_sge` entries.
+pub(crate) unsafe fn recv_wr(w: &sys::ibv_recv_wr) -> Result<RecvWr, i32> {
+    Ok(RecvWr {
+        wr_id: w.wr_id,
+        // SAFETY: the caller's promise.
+        sg_list: unsafe { sges(w.sg_list, w.num_sge)? },
+    })
 }
 
 pub(crate) unsafe extern "C" fn post_recv(
@@ -611,28 +626,12 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut sys::ibv_recv_wr,
     bad_wr: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    let mut cur = wr;
-    let r = ffi::errno_call(|| {
-        // SAFETY: the program's pointer.
-        let q = unsafe { Qp::from_c(qp)? };
-        while !cur.is_null() {
-            // SAFETY: the program's list of work requests.
-            let w = unsafe { &*cur };
-            let wr = RecvWr {
-                wr_id: w.wr_id,
-                // SAFETY: as above.
-                sg_list: unsafe { sges(w.sg_list, w.num_sge)? },
-            };
-            q.qp.post_recv(wr).map_err(|e| ffi::errno_of(&e))?;
-            cur = w.next;
-        }
-        Ok(())
-    });
-    if r != 0 && !bad_wr.is_null() {
-        // SAFETY: the program's out-parameter.
-        unsafe { *bad_wr = if cur.is_null() { wr } else { cur } };
+    // SAFETY: the program's QP and list of work requests.
+    unsafe {
+        ffi::post_list(Qp::from_c(qp), wr, bad_wr, |q, w| {
+            q.qp.post_recv(recv_wr(w)?).map_err(|e| ffi::errno_of(&e))
+        })
     }
-    r
 }
 
 // ---- ibv_qp_ex: ibv_wr_start ... ibv_wr_complete ----

@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use rnic_verbs::{RecvWr, Sge, SharedReceiveQueue};
+use rnic_verbs::SharedReceiveQueue;
 
 use crate::ffi::{self, obj, object, Object};
 use crate::pd::{next_handle, Pd};
@@ -130,41 +130,12 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut sys::ibv_recv_wr,
     bad_wr: *mut *mut sys::ibv_recv_wr,
 ) -> c_int {
-    let mut cur = wr;
-    let r = ffi::errno_call(|| {
-        // SAFETY: the program's pointer.
-        let s = unsafe { Srq::from_c(srq)? };
-        while !cur.is_null() {
-            // SAFETY: the program's list of work requests.
-            let w = unsafe { &*cur };
-            if w.num_sge < 0 || (w.num_sge > 0 && w.sg_list.is_null()) {
-                return Err(libc::EINVAL);
-            }
-            let sg = if w.num_sge == 0 {
-                &[][..]
-            } else {
-                // SAFETY: the program's list of num_sge entries.
-                unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-            };
-            let wr = RecvWr {
-                wr_id: w.wr_id,
-                sg_list: sg
-                    .iter()
-                    .map(|e| Sge {
-                        addr: e.addr,
-                        length: e.length,
-                        lkey: e.lkey,
-                    })
-                    .collect(),
-            };
-            s.srq.post_recv(wr).map_err(|e| ffi::errno_of(&e))?;
-            cur = w.next;
-        }
-        Ok(())
-    });
-    if r != 0 && !bad_wr.is_null() {
-        // SAFETY: the program's out-parameter.
-        unsafe { *bad_wr = cur };
+    // SAFETY: the program's SRQ and list of work requests.
+    unsafe {
+        ffi::post_list(Srq::from_c(srq), wr, bad_wr, |s, w| {
+            s.srq
+                .post_recv(crate::qp::recv_wr(w)?)
+                .map_err(|e| ffi::errno_of(&e))
+        })
     }
-    r
 }
