@@ -38,13 +38,12 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>) -> Stri
         Ok(d) => d,
         Err(e) => return e,
     };
-    if let Some(d) = devices {
+    // The device list the program will see: --devices, else the inherited
+    // RNIC_DEVICES; checked here so that a mistake is reported before the
+    // program starts.
+    let inherited = std::env::var("RNIC_DEVICES").ok();
+    if let Some(d) = devices.or(inherited.as_deref()) {
         if let Err(e) = ibverbs::parse_devices(d) {
-            return e;
-        }
-    }
-    if let Ok(d) = std::env::var("RNIC_DEVICES") {
-        if let Err(e) = ibverbs::parse_devices(&d) {
             return e;
         }
     }
