@@ -631,10 +631,8 @@ impl MemoryRegion {
         if self.placement() != Placement::Caller {
             return Err(Error::NotReturnable);
         }
-        let lkey = self.lkey;
         // When this returns, the engine has dropped its handle on the memory.
-        self.dev.call(move |st| st.nic.dereg_mr(lkey).map(drop))??;
-        self.registered = false;
+        self.deregister()?;
         let buf = std::mem::replace(&mut self.buf, Arc::new(DmaBuf::zeroed(0)));
         Arc::try_unwrap(buf)
             .ok()
@@ -664,13 +662,9 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        if !self.registered {
-            return;
-        }
-        let lkey = self.lkey;
-        let _ = self.dev.engine.call(move |st| {
-            let _ = st.nic.dereg_mr(lkey);
-        });
+        // Refused while windows are bound: the NIC then keeps the memory
+        // until it can let go (see `into_vec`).
+        let _ = self.deregister();
     }
 }
 
@@ -824,11 +818,7 @@ pub struct QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let qpn = self.qpn;
-        let _ = self.dev.call(move |st| {
-            st.qp_spans.remove(&qpn);
-            st.nic.destroy_qp(qpn)
-        });
+        let _ = self.destroy_now();
     }
 }
 
@@ -950,23 +940,16 @@ impl QueuePair {
     ) -> Result<u32> {
         let mw_rkey = mw.rkey();
         let new_rkey = (mw_rkey & !0xFF) | (mw_rkey.wrapping_add(1) & 0xFF);
-        self.post_send(SendWr {
+        self.post_bind_mw(
             wr_id,
-            op: SendOp::BindMw(MwBind {
-                mw_rkey,
-                new_rkey,
-                mr_lkey: mr.lkey(),
-                addr: mr.addr().wrapping_add(offset as u64),
-                length: len as u64,
-                access,
-            }),
-            sg_list: Vec::new(),
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })?;
-        mw.rkey.store(new_rkey, Ordering::Relaxed);
+            mw,
+            mr.lkey(),
+            mr.addr().wrapping_add(offset as u64),
+            len as u64,
+            access,
+            new_rkey,
+            true,
+        )?;
         Ok(new_rkey)
     }
 
@@ -1040,8 +1023,12 @@ impl QueuePair {
 
     /// Destroy the QP now (`ibv_destroy_qp`; dropping it does the same).
     pub fn destroy(mut self) -> Result<()> {
-        // QP 0 is never a queue pair rnic creates: the drop that follows
-        // finds nothing to destroy.
+        self.destroy_now()
+    }
+
+    /// Destroy the QP in the engine; the drop that follows finds nothing to
+    /// destroy (QP 0 is never one rnic creates).
+    fn destroy_now(&mut self) -> Result<()> {
         let qpn = std::mem::replace(&mut self.qpn, 0);
         self.dev.call(move |st| {
             st.qp_spans.remove(&qpn);
