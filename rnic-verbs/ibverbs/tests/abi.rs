@@ -4,12 +4,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `target/<profile>/rnic-ibverbs/libibverbs.so.1`, left by the linker
-/// wrapper when cargo built the cdylib for this test run.
+/// wrapper when cargo built the cdylib for this test run. It must be the
+/// very library cargo just linked (`deps/libibverbs.so`): a copy left from
+/// an earlier build, by a link that bypassed the wrapper, does not count.
 fn library() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile_dir.join("rnic-ibverbs/libibverbs.so.1");
+    let deps = exe.parent().unwrap();
+    let lib = deps.parent().unwrap().join("rnic-ibverbs/libibverbs.so.1");
     assert!(lib.is_file(), "{} was not built", lib.display());
+    let linked = deps.join("libibverbs.so");
+    assert!(
+        std::fs::read(&lib).unwrap() == std::fs::read(&linked).unwrap(),
+        "{} is not the library cargo linked ({}): the linker wrapper did not run",
+        lib.display(),
+        linked.display()
+    );
     lib
 }
 
