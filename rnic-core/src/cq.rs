@@ -48,6 +48,34 @@ impl Cq {
         self.entries.drain(..n).collect()
     }
 
+    /// Change the depth to `depth` (`ibv_resize_cq`). `outside` completions
+    /// already handed on to the consumer but not yet taken by it count as
+    /// waiting. Refused, and nothing changes, if more than `depth` are waiting.
+    pub fn resize(&mut self, depth: usize, outside: usize) -> bool {
+        if depth == 0 || self.entries.len() + outside > depth {
+            return false;
+        }
+        self.depth = depth;
+        true
+    }
+
+    /// The most completions it holds.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Drop the completions waiting beyond the first `keep`, as completions
+    /// that found the queue full: they overrun it. True if this is the
+    /// queue's first overrun (it is now in error).
+    pub fn overrun_beyond(&mut self, keep: usize) -> bool {
+        if self.entries.len() <= keep {
+            return false;
+        }
+        self.overruns += (self.entries.len() - keep) as u64;
+        self.entries.truncate(keep);
+        !std::mem::replace(&mut self.error, true)
+    }
+
     /// Completions that did not fit.
     pub fn overruns(&self) -> u64 {
         self.overruns
@@ -61,5 +89,44 @@ impl Cq {
     /// Whether none is waiting.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wr::{WcOpcode, WcStatus};
+
+    fn done(wr_id: u64) -> Completion {
+        Completion {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: 1,
+            src_qp: None,
+            invalidated_rkey: None,
+        }
+    }
+
+    #[test]
+    fn resizing_keeps_room_for_what_waits() {
+        let mut q = Cq::new(4);
+        for i in 0..3 {
+            assert!(!q.push(done(i)));
+        }
+        // Three waiting here and one with the consumer: 3 is too small.
+        assert!(!q.resize(3, 1));
+        assert_eq!(q.depth(), 4);
+        assert!(!q.resize(0, 0));
+        assert!(q.resize(2 + 1, 0), "exactly the number waiting fits");
+        assert!(q.push(done(3)), "the fourth overruns the new depth");
+        let mut q = Cq::new(1);
+        assert!(q.resize(8, 0));
+        for i in 0..8 {
+            assert!(!q.push(done(i)));
+        }
+        assert_eq!(q.poll(usize::MAX).len(), 8);
     }
 }

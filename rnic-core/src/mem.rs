@@ -685,9 +685,12 @@ impl Memory {
         if b.length == 0 {
             return Err(bad("a type 2 window cannot be bound with length 0"));
         }
-        if b.access.bits() & !Access::WINDOW != 0 {
+        // LOCAL_WRITE means nothing to a window, which only grants remote
+        // rights; rdma_rxe and mlx5 accept it in a bind, and so does rnic.
+        if b.access.bits() & !(Access::WINDOW | Access::LOCAL_WRITE.bits()) != 0 {
             return Err(MemError::UnsupportedAccess(b.access.bits()));
         }
+        let access = Access(b.access.bits() & Access::WINDOW);
         let mr_index = (b.mr_lkey >> 8) as usize;
         let mr = match self.mrs.get(mr_index) {
             Some(Some(mr)) if mr.key == b.mr_lkey as u8 => mr,
@@ -728,7 +731,7 @@ impl Memory {
                 mr: mr_index,
                 addr: b.addr,
                 len: b.length,
-                access: b.access,
+                access,
                 qpn,
             });
         }
@@ -960,6 +963,43 @@ mod tests {
         };
         assert_ne!(keys(1), keys(2));
         assert_eq!(keys(3), keys(3));
+    }
+
+    #[test]
+    fn a_window_grants_only_remote_rights() {
+        let mut m = Memory::new(4);
+        let pd = m.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
+        let k = m.register(pd, 0x4000, Box::new(vec![0u8; 64]), rw).unwrap();
+        let mw = m.alloc_mw(pd).unwrap();
+        let bind = |access| MwBind {
+            mw_rkey: mw,
+            new_rkey: (mw & !0xFF) | ((mw + 1) & 0xFF),
+            mr_lkey: k.lkey,
+            addr: 0x4000,
+            length: 64,
+            access,
+        };
+        // MW_BIND is no right a window can pass on.
+        assert_eq!(
+            m.bind_mw(pd, 7, &bind(Access::REMOTE_READ | Access::MW_BIND)),
+            Err(MemError::UnsupportedAccess(0x14))
+        );
+        // LOCAL_WRITE is accepted, as rdma_rxe accepts it, and grants nothing.
+        let rkey = m
+            .bind_mw(pd, 7, &bind(Access::LOCAL_WRITE | Access::REMOTE_READ))
+            .unwrap();
+        assert!(m
+            .check_remote(rkey, pd, 7, 0x4000, 8, Access::REMOTE_READ)
+            .is_ok());
+        assert!(matches!(
+            m.check_remote(rkey, pd, 7, 0x4000, 8, Access::REMOTE_WRITE),
+            Err(MemError::NoPermission { .. })
+        ));
+        assert!(matches!(
+            m.check_remote(rkey, pd, 7, 0x4000, 8, Access::LOCAL_WRITE),
+            Err(MemError::NoPermission { .. })
+        ));
     }
 
     #[test]

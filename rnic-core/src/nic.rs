@@ -145,6 +145,13 @@ pub enum VerbError {
     },
     /// Queue capacities beyond the device's (see [`DEVICE_ATTR`]).
     CapsTooLarge,
+    /// A CQ resized below the completions waiting in it (or to 0).
+    CqTooSmall {
+        /// The depth asked for.
+        depth: usize,
+        /// Completions waiting.
+        waiting: usize,
+    },
     /// Inline data on an operation that takes none, or more than the device allows.
     BadInline {
         /// Bytes given.
@@ -182,6 +189,10 @@ impl fmt::Display for VerbError {
                 f,
                 "queue capacities exceed the device's ({} work requests, {} SGEs, {} CQEs)",
                 DEVICE_ATTR.max_qp_wr, DEVICE_ATTR.max_sge, DEVICE_ATTR.max_cqe
+            ),
+            VerbError::CqTooSmall { depth, waiting } => write!(
+                f,
+                "a CQ of depth {depth} cannot hold the {waiting} completions waiting in it"
             ),
         }
     }
@@ -545,6 +556,20 @@ impl Nic {
         Ok(self.mem.dealloc_mw(rkey)?)
     }
 
+    /// Check that local key `lkey` of `pd` covers `len` bytes at `addr` with
+    /// `access`, as a work request's SGE would be checked (`ibv_advise_mr`).
+    pub fn check_local(
+        &self,
+        pd: PdHandle,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(), VerbError> {
+        self.mem.check(lkey, pd, addr, len, access)?;
+        Ok(())
+    }
+
     /// Read `len` bytes of a region through its local key (for tests and tools).
     pub fn read_mr(
         &self,
@@ -568,6 +593,58 @@ impl Nic {
         self.next_cq += 1;
         self.cqs.push(Cq::new(depth));
         h
+    }
+
+    /// Change CQ `cq`'s depth (`ibv_resize_cq`), at most
+    /// `DEVICE_ATTR.max_cqe`. `outside` counts completions already handed to
+    /// the consumer and not yet polled: with more waiting than `depth`, it
+    /// fails with [`VerbError::CqTooSmall`] and nothing changes.
+    pub fn resize_cq(
+        &mut self,
+        cq: CqHandle,
+        depth: usize,
+        outside: usize,
+    ) -> Result<(), VerbError> {
+        if depth > DEVICE_ATTR.max_cqe as usize {
+            return Err(VerbError::CapsTooLarge);
+        }
+        let q = self
+            .cqs
+            .get_mut(cq.0 as usize)
+            .ok_or(VerbError::NoSuchCq(cq))?;
+        if q.resize(depth, outside) {
+            Ok(())
+        } else {
+            Err(VerbError::CqTooSmall {
+                depth,
+                waiting: q.len() + outside,
+            })
+        }
+    }
+
+    /// Hand CQ `cq`'s completions to a consumer that already holds
+    /// `outside` of them unpolled (a driver that queues completions where the
+    /// program polls them): the depth counts both, and completions that do
+    /// not fit overrun the CQ as if they had arrived to a full queue
+    /// (IBV_EVENT_CQ_ERR, and the QPs that complete into it go to error).
+    pub fn deliver_cq(
+        &mut self,
+        cq: CqHandle,
+        outside: usize,
+    ) -> Result<Vec<Completion>, VerbError> {
+        let q = self
+            .cqs
+            .get_mut(cq.0 as usize)
+            .ok_or(VerbError::NoSuchCq(cq))?;
+        let room = q.depth().saturating_sub(outside);
+        let first = q.overrun_beyond(room);
+        let out = q.poll(room);
+        if first {
+            self.events.push_back(AsyncEvent::CqError(cq));
+            self.overrun_cqs.push(cq);
+            self.settle();
+        }
+        Ok(out)
     }
 
     /// Take up to `max` completions.

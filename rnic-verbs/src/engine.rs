@@ -150,7 +150,8 @@ impl EngineState {
             self.tx = tx;
         }
         for (h, sink) in &self.cqs {
-            if let Ok(done) = self.nic.poll_cq(*h, usize::MAX) {
+            // The program's unpolled completions count against the depth.
+            if let Ok(done) = self.nic.deliver_cq(*h, sink.tx.len()) {
                 let any = !done.is_empty();
                 for c in done {
                     let _ = sink.tx.send(c);
@@ -234,6 +235,9 @@ pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     pub addr: IpAddr,
+    /// The process that started the thread: a forked child has a copy of
+    /// this struct but not the thread.
+    pid: u32,
 }
 
 /// The UDP port of RoCE v2.
@@ -300,6 +304,7 @@ impl Engine {
             shared,
             thread: Some(thread),
             addr,
+            pid: std::process::id(),
         })
     }
 
@@ -324,6 +329,13 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: its thread is the parent's, and the
+            // locks may be held by threads that do not exist here. Leave
+            // everything as it is.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake();
         if let Some(t) = self.thread.take() {

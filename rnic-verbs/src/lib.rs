@@ -284,6 +284,14 @@ impl Device {
         self.create_cq_inner(depth, Some(channel))
     }
 
+    /// Change `cq`'s depth (`ibv_resize_cq`). Fails, changing nothing, when
+    /// more completions are waiting to be polled than `depth`.
+    pub fn resize_cq(&self, cq: &CompletionQueue, depth: usize) -> Result<()> {
+        let (h, rx) = (cq.cq, cq.rx.clone());
+        self.call(move |st| st.nic.resize_cq(h, depth, rx.len()))?
+            .map_err(Error::from)
+    }
+
     fn create_cq_inner(
         &self,
         depth: usize,
@@ -341,6 +349,17 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// Check that `lkey`, a region of this domain, covers `len` bytes at
+    /// `addr` with `access` (what `ibv_advise_mr` validates; rnic never
+    /// pins or faults, so there is nothing to prefetch).
+    pub fn check_local(&self, lkey: u32, addr: u64, len: u64, access: Access) -> Result<()> {
+        let pd = self.pd;
+        self.dev
+            .engine
+            .call(move |st| st.nic.check_local(pd, lkey, addr, len, access))??;
+        Ok(())
+    }
+
     /// Allocate `len` zeroed bytes on the heap and register them with `access`.
     pub fn register(&self, len: usize, access: Access) -> Result<MemoryRegion> {
         self.register_with(len, access, Backing::Heap)

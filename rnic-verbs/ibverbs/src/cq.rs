@@ -14,7 +14,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rnic_verbs::{Completion, CompletionChannel, CompletionQueue, WcOpcode, WcStatus, DEVICE_ATTR};
 
-use crate::device::Context;
+use crate::device::{Context, COMP_VECTORS};
 use crate::ffi::{self, obj, object, Object};
 use crate::pd::next_handle;
 use crate::sys;
@@ -279,10 +279,15 @@ unsafe fn create(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
+    comp_vector: c_int,
 ) -> Result<*mut sys::ibv_cq_ex, i32> {
     // SAFETY: the program's pointer.
     let c = unsafe { Context::from_c(ctx)? };
     if cqe < 1 || cqe as u32 > DEVICE_ATTR.max_cqe {
+        return Err(libc::EINVAL);
+    }
+    // One completion vector, as `num_comp_vectors` says.
+    if !(0..COMP_VECTORS).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     let ch = if channel.is_null() {
@@ -340,10 +345,12 @@ pub unsafe extern "C" fn ibv_create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut sys::ibv_comp_channel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut sys::ibv_cq {
     // SAFETY: the program's arguments, checked in `create`.
-    ffi::ptr_call(|| unsafe { create(ctx, cqe, cq_context, channel) }.map(|p| p.cast()))
+    ffi::ptr_call(|| {
+        unsafe { create(ctx, cqe, cq_context, channel, comp_vector) }.map(|p| p.cast())
+    })
 }
 
 pub(crate) unsafe extern "C" fn create_cq_ex(
@@ -360,8 +367,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return Err(libc::EOPNOTSUPP);
         }
         let cqe = c_int::try_from(a.cqe).map_err(|_| libc::EINVAL)?;
+        let vector = c_int::try_from(a.comp_vector).map_err(|_| libc::EINVAL)?;
         // SAFETY: as in ibv_create_cq.
-        unsafe { create(ctx, cqe, a.cq_context, a.channel) }
+        unsafe { create(ctx, cqe, a.cq_context, a.channel, vector) }
     })
 }
 
@@ -387,18 +395,23 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
     })
 }
 
-/// rnic's CQs grow as needed up to their depth; resizing sets the depth the
-/// program sees.
+/// A new depth for the CQ: at least `cqe`, and no fewer than the completions
+/// waiting in it (EINVAL otherwise, as rdma-core's providers say).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut sys::ibv_cq, cqe: c_int) -> c_int {
     ffi::errno_call(|| {
+        let depth = usize::try_from(cqe).map_err(|_| libc::EINVAL)?;
         // SAFETY: the program's pointer.
         let q = unsafe { Cq::from_c(cq)? };
-        if cqe < 1 || cqe as u32 > DEVICE_ATTR.max_cqe || (cqe as usize) < q.cq.len() {
-            return Err(libc::EINVAL);
-        }
-        crate::unsupported("ibv_resize_cq");
-        Err(libc::EOPNOTSUPP)
+        // SAFETY: the context outlives its objects.
+        let c = unsafe { Context::from_c(q.ctx)? };
+        c.nic
+            .resize_cq(&q.cq, depth)
+            .map_err(|e| ffi::errno_of(&e))?;
+        // SAFETY: the shared part sits in an UnsafeCell; the program reads
+        // `cqe` and only rnic writes it.
+        unsafe { (*q.c.get()).cqe = cqe };
+        Ok(())
     })
 }
 

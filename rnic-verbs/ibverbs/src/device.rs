@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::{AsFd, AsRawFd};
-use std::sync::OnceLock;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use parking_lot::Mutex;
 use rnic_verbs::{AsyncEventQueue, Device, Mtu, DEVICE_ATTR};
@@ -130,8 +130,8 @@ impl Slot {
         Ok(d)
     }
 
-    /// The node GUID: the device's address in EUI-64 form, as a RoCE NIC
-    /// derives it from its MAC address (network byte order).
+    /// The node GUID (see [`guid_of`]); before the NIC has an address, one
+    /// made from the device's index.
     fn guid(&self) -> u64 {
         let addr = self
             .nic
@@ -139,47 +139,139 @@ impl Slot {
             .as_ref()
             .map(Device::addr)
             .or(self.spec.addr);
-        let b = match addr {
-            Some(IpAddr::V4(a)) => {
-                let o = a.octets();
-                [0x02, 0, o[0], 0xFF, 0xFE, o[1], o[2], o[3]]
-            }
-            Some(IpAddr::V6(a)) => a.octets()[8..16].try_into().unwrap_or([0; 8]),
-            None => [0x02, 0, 0, 0xFF, 0xFE, 0, 0, self.index as u8 + 1],
+        match addr {
+            Some(a) => guid_of(a),
+            None => u64::from_ne_bytes([0x02, 0, 0, 0xFF, 0xFE, 0, 0, self.index as u8 + 1]),
+        }
+    }
+}
+
+/// The node GUID of a device on `addr`: the address in EUI-64 form, as a RoCE
+/// NIC derives it from its MAC address (network byte order).
+pub fn guid_of(addr: IpAddr) -> u64 {
+    let b = match addr {
+        IpAddr::V4(a) => {
+            let o = a.octets();
+            [0x02, 0, o[0], 0xFF, 0xFE, o[1], o[2], o[3]]
+        }
+        IpAddr::V6(a) => a.octets()[8..16].try_into().unwrap_or([0; 8]),
+    };
+    u64::from_ne_bytes(b)
+}
+
+/// The network interface `addr` is on (its name and index): the one holding
+/// an address whose prefix covers it, as the kernel would route a RoCE
+/// packet from it. `None` if no interface does.
+pub fn netdev_of(addr: IpAddr) -> Option<(String, u32)> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut p = list;
+    while !p.is_null() && found.is_none() {
+        // SAFETY: an entry of the list getifaddrs made.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        // SAFETY: null or a sockaddr of the family it names.
+        let (Some(a), Some(m)) = (unsafe { sockaddr_ip(ifa.ifa_addr) }, unsafe {
+            sockaddr_ip(ifa.ifa_netmask)
+        }) else {
+            continue;
         };
-        u64::from_ne_bytes(b)
+        let covers = match (a, m, addr) {
+            (IpAddr::V4(a), IpAddr::V4(m), IpAddr::V4(x)) => {
+                u32::from(a) & u32::from(m) == u32::from(x) & u32::from(m)
+            }
+            (IpAddr::V6(a), IpAddr::V6(m), IpAddr::V6(x)) => {
+                u128::from(a) & u128::from(m) == u128::from(x) & u128::from(m)
+            }
+            _ => false,
+        };
+        if covers {
+            // SAFETY: the interface's NUL-terminated name.
+            let name = unsafe { CStr::from_ptr(ifa.ifa_name) };
+            // SAFETY: as above.
+            let index = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+            found = Some((name.to_string_lossy().into_owned(), index));
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found
+}
+
+/// # Safety
+/// `sa` is null or points to a socket address of the family it names.
+unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise; the family says which struct it is.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: AF_INET: a sockaddr_in.
+            let v4 = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: AF_INET6: a sockaddr_in6.
+            let v6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(IpAddr::V6(std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr)))
+        }
+        _ => None,
     }
 }
 
 /// The process's devices, read from the environment once.
 fn devices() -> Result<&'static [Slot], String> {
-    static DEVICES: OnceLock<Result<Vec<Slot>, String>> = OnceLock::new();
-    DEVICES
-        .get_or_init(|| {
-            let specs = match std::env::var("RNIC_DEVICES") {
-                Ok(v) => parse_devices(&v)?,
-                Err(std::env::VarError::NotUnicode(v)) => {
-                    return Err(format!("RNIC_DEVICES={v:?}: not UTF-8"))
-                }
-                Err(std::env::VarError::NotPresent) => {
-                    if let Some(a) = std::env::var_os("RNIC_ADDR") {
-                        rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    vec![DeviceSpec {
-                        name: "rnic0".into(),
-                        addr: None,
-                    }]
-                }
-            };
-            Ok(specs
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| Slot::new(s, i))
-                .collect())
-        })
-        .as_deref()
-        .map_err(Clone::clone)
+    ffi::watch_forks();
+    type Table = (u64, Result<Vec<Slot>, String>);
+    // The table of this fork generation. A forked child builds its own (the
+    // parent's NICs have no engine threads in it) and leaves the parent's
+    // in place, unused, for the inherited objects that point into it.
+    static DEVICES: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
+    let generation = ffi::generation();
+    let mut current = DEVICES.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer here came from Box::leak below and is
+    // never freed.
+    if current.is_null() || unsafe { (*current).0 } != generation {
+        let table: &'static mut Table = Box::leak(Box::new((generation, read_devices())));
+        match DEVICES.compare_exchange(current, table, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => current = table,
+            // Another thread built it first: use that one (ours stays
+            // leaked; this happens at most once per thread and generation).
+            Err(theirs) => current = theirs,
+        }
+    }
+    // SAFETY: as above.
+    let table: &'static Table = unsafe { &*current };
+    table.1.as_deref().map_err(Clone::clone)
+}
+
+fn read_devices() -> Result<Vec<Slot>, String> {
+    let specs = match std::env::var("RNIC_DEVICES") {
+        Ok(v) => parse_devices(&v)?,
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(format!("RNIC_DEVICES={v:?}: not UTF-8"))
+        }
+        Err(std::env::VarError::NotPresent) => {
+            if let Some(a) = std::env::var_os("RNIC_ADDR") {
+                rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy())
+                    .map_err(|e| e.to_string())?;
+            }
+            vec![DeviceSpec {
+                name: "rnic0".into(),
+                addr: None,
+            }]
+        }
+    };
+    Ok(specs
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| Slot::new(s, i))
+        .collect())
 }
 
 fn slot_of(dev: *mut sys::ibv_device) -> Option<&'static Slot> {
@@ -189,6 +281,9 @@ fn slot_of(dev: *mut sys::ibv_device) -> Option<&'static Slot> {
         .find(|s| std::ptr::eq(&s.c, dev.cast_const()))
 }
 
+/// Completion vectors per device: rnic's engine is one.
+pub(crate) const COMP_VECTORS: c_int = 1;
+
 /// An open device (`struct ibv_context`, inside its `struct verbs_context`).
 #[repr(C)]
 pub(crate) struct Context {
@@ -197,6 +292,10 @@ pub(crate) struct Context {
     pub nic: Device,
     pub slot: &'static Slot,
     pub events: AsyncEventQueue,
+    /// `cmd_fd`: a real descriptor (programs dup it to share a context with
+    /// another process, which rnic does not offer: `ibv_import_device`
+    /// says so), closed with the context.
+    cmd: OwnedFd,
     /// C objects by the numbers asynchronous events carry.
     pub objects: Mutex<Objects>,
 }
@@ -312,20 +411,30 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
         let slot = slot_of(dev).ok_or(libc::ENODEV)?;
         let nic = slot.nic()?;
         let events = nic.async_event_queue().map_err(|e| ffi::errno_of(&e))?;
+        // SAFETY: a C string literal and flags; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"rnic-context".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EMFILE));
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        let cmd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: verbs_context is plain data and function pointers, all
         // of which may be zero (null / None).
         let mut v: sys::verbs_context = unsafe { std::mem::zeroed() };
         crate::ops::fill(&mut v);
         v.context.device = dev;
-        v.context.cmd_fd = -1;
+        v.context.cmd_fd = cmd.as_raw_fd();
         v.context.async_fd = events.as_fd().as_raw_fd();
-        v.context.num_comp_vectors = 1;
+        v.context.num_comp_vectors = COMP_VECTORS;
         Ok(Context {
             v,
             magic: <Context as Object>::MAGIC,
             nic,
             slot,
             events,
+            cmd,
             objects: Mutex::new(Objects::default()),
         }
         .into_c())
@@ -581,7 +690,7 @@ fn gid_entry(ctx: &Context) -> sys::ibv_gid_entry {
     e.gid_index = 0;
     e.port_num = 1;
     e.gid_type = sys::IBV_GID_TYPE_ROCE_V2;
-    e.ndev_ifindex = 1; // lo
+    e.ndev_ifindex = netdev_of(ctx.nic.addr()).map_or(0, |(_, i)| i);
     e
 }
 

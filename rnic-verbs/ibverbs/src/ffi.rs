@@ -8,8 +8,40 @@
 //! followed by a magic number. A pointer from the program is accepted only
 //! if it is non-null, aligned, and carries the right magic; the object is
 //! then used through a shared reference, its mutable parts behind locks.
+//!
+//! Fork: a forked child has the parent's objects in its memory but none of
+//! the engine threads behind them. Each object's magic carries the fork
+//! generation it was made in, so a child's use of an inherited object is
+//! refused (EINVAL) instead of waiting forever on a lock or a thread that
+//! does not exist in the child; the child can open the devices afresh
+//! (see `device::devices`), and the parent goes on untouched.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
+/// How many forks lie between the process that first used rnic and this
+/// one: 0 there, and one more in each forked child.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The current fork generation.
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Ordering::Relaxed)
+}
+
+extern "C" fn forked_child() {
+    GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count forks from now on (idempotent; called before any object exists).
+pub(crate) fn watch_forks() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that only bumps an atomic, which is
+        // async-signal-safe as a fork child handler must be.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
+}
 
 /// An object handed to C as a pointer to its first field (or the field at
 /// `OFFSET`).
@@ -29,9 +61,13 @@ pub(crate) unsafe trait Object: Sized {
     /// Clear the magic, so a later use of a freed object's pointer is caught
     /// as long as the memory is not reused.
     fn kill(&mut self);
+    /// Set the magic.
+    fn set_magic(&mut self, magic: u64);
 
-    /// Box the object and hand out the C pointer.
-    fn into_c(self) -> *mut Self::C {
+    /// Box the object and hand out the C pointer, its magic stamped with
+    /// the fork generation.
+    fn into_c(mut self) -> *mut Self::C {
+        self.set_magic(Self::MAGIC ^ generation());
         let p = Box::into_raw(Box::new(self));
         // SAFETY: OFFSET is within Self (the trait's contract).
         unsafe { p.cast::<u8>().add(Self::OFFSET).cast() }
@@ -55,7 +91,7 @@ pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
     // SAFETY: the caller's promise; `T` is valid whenever its magic is set,
     // which it is from `into_c` until `free`.
     let t = unsafe { &*base };
-    (t.magic() == T::MAGIC).then_some(t)
+    (t.magic() == T::MAGIC ^ generation()).then_some(t)
 }
 
 /// Free an object handed out by `into_c`.
@@ -90,6 +126,9 @@ macro_rules! object {
             }
             fn kill(&mut self) {
                 self.magic = 0;
+            }
+            fn set_magic(&mut self, magic: u64) {
+                self.magic = magic;
             }
         }
     };

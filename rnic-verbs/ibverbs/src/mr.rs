@@ -38,7 +38,7 @@ impl Mr {
 /// optional ones above it (relaxed ordering) may be ignored, as verbs allows.
 const OPTIONAL_FIRST: u32 = 1 << 20;
 
-fn access_of(flags: u32) -> Result<Access, i32> {
+pub(crate) fn access_of(flags: u32) -> Result<Access, i32> {
     // IBV_ACCESS_ON_DEMAND asks for what rnic always does (it never pins).
     let required = flags & (OPTIONAL_FIRST - 1) & !sys::IBV_ACCESS_ON_DEMAND;
     Access::from_bits(required).ok_or(libc::EOPNOTSUPP)
@@ -142,4 +142,44 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 ) -> c_int {
     crate::unsupported("ibv_rereg_mr");
     libc::EOPNOTSUPP
+}
+
+/// IBV_ADVISE_MR_FLAG_FLUSH (ib_user_ioctl_verbs.h; an enum bindgen skips).
+const ADVISE_MR_FLAG_FLUSH: u32 = 1;
+
+/// `ibv_advise_mr`: prefetch advice. rnic never pins and never faults, so a
+/// prefetch has nothing to do; the advice, flags and every SGE are checked
+/// as a provider checks them (EINVAL), so a program's mistake still shows.
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut sys::ibv_pd,
+    advice: sys::ib_uverbs_advise_mr_advice,
+    flags: u32,
+    sg_list: *mut sys::ibv_sge,
+    num_sges: u32,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the program's pointer.
+        let p = unsafe { Pd::from_c(pd)? };
+        let write = match advice {
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH
+            | sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT => false,
+            sys::IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE => true,
+            _ => return Err(libc::EINVAL),
+        };
+        if flags & !ADVISE_MR_FLAG_FLUSH != 0 || num_sges == 0 || sg_list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's array of `num_sges` entries, checked non-null.
+        let sges = unsafe { std::slice::from_raw_parts(sg_list, num_sges as usize) };
+        let access = if write {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
+        for s in sges {
+            p.pd.check_local(s.lkey, s.addr, u64::from(s.length), access)
+                .map_err(|_| libc::EINVAL)?;
+        }
+        Ok(())
+    })
 }

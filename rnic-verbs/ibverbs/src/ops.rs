@@ -2,7 +2,7 @@
 //! `ops` (the data path verbs.h inlines), the extended `verbs_context`
 //! entries, and each QP's `ibv_qp_ex` builder.
 
-use crate::{cq, device, mw, qp, srq, sys};
+use crate::{cq, device, mr, mw, qp, srq, sys};
 
 /// Fill a fresh context: `ops`, the extended entries, and the marks that
 /// tell verbs.h this is an extended context of our size.
@@ -20,6 +20,7 @@ pub(crate) fn fill(v: &mut sys::verbs_context) {
     v.query_port = Some(device::query_port);
     v.query_device_ex = Some(device::query_device_ex);
     v.query_rt_values = Some(device::query_rt_values);
+    v.advise_mr = Some(mr::advise_mr);
     v.create_qp_ex = Some(qp::create_qp_ex);
     v.create_cq_ex = Some(cq::create_cq_ex);
     v.open_xrcd = Some(device::open_xrcd);

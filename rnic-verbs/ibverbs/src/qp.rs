@@ -225,7 +225,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     ffi::ptr_call(|| {
         // SAFETY: the program's pointer.
         let a = unsafe { ffi::out(attr)? };
-        let known = sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        // CREATE_FLAGS is understood: every flag in it is refused below.
+        let known = sys::IBV_QP_INIT_ATTR_PD
+            | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+            | sys::IBV_QP_INIT_ATTR_CREATE_FLAGS;
         if a.comp_mask & !known != 0 || a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 {
             return Err(libc::EOPNOTSUPP);
         }
@@ -234,7 +237,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         {
             return Err(libc::EOPNOTSUPP);
         }
-        if a.create_flags != 0 {
+        if a.comp_mask & sys::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
             return Err(libc::EOPNOTSUPP);
         }
         let pd = a.pd;
@@ -316,7 +319,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
             qp_access_flags: masked(
                 mask,
                 AttrMask::ACCESS_FLAGS,
-                Access::from_bits(a.qp_access_flags),
+                // The QP's remote rights; bits that only mean something to a
+                // region (LOCAL_WRITE, ON_DEMAND) are taken as rdma_rxe takes them.
+                crate::mr::access_of(a.qp_access_flags).ok(),
                 Access::NONE,
             )?,
             pkey_index: a.pkey_index,

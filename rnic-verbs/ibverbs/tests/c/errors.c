@@ -4,11 +4,19 @@
  *   - a SEND with no receive posted, rnr_retry 0: IBV_WC_RNR_RETRY_EXC_ERR;
  *   - a post with an unknown opcode fails with EINVAL and sets bad_wr;
  *   - an armed SRQ raises IBV_EVENT_SRQ_LIMIT_REACHED through
- *     ibv_get_async_event, and async_fd is readable first.
+ *     ibv_get_async_event, and async_fd is readable first;
+ *   - a peer that is gone (nothing at its address): IBV_WC_RETRY_EXC_ERR;
+ *   - completions overrunning an unpolled CQ: IBV_EVENT_CQ_ERR, then
+ *     IBV_EVENT_QP_FATAL for the QP completing into it;
+ *   - SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED;
+ *   - fork: a child's calls on inherited objects fail at once (no hang),
+ *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
 #include <infiniband/verbs.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +56,16 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dest, int rnr_retry)
 		.rnr_retry = rnr_retry, .sq_psn = 0, .max_rd_atomic = 1 };
 	CHECK(ibv_modify_qp(qp, &r, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 			    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+}
+
+static struct ibv_async_event next_event(void)
+{
+	struct pollfd pfd = { .fd = ctx->async_fd, .events = POLLIN };
+	CHECK(poll(&pfd, 1, 10000) == 1);
+	struct ibv_async_event ev;
+	CHECK(ibv_get_async_event(ctx, &ev) == 0);
+	ibv_ack_async_event(&ev);
+	return ev;
 }
 
 static struct ibv_wc wait_wc(uint64_t wr_id)
@@ -127,14 +145,100 @@ int main(void)
 	connect_qp(f, e->qp_num, 7);
 	send.wr_id = 5;
 	CHECK(ibv_post_send(e, &send, &bad) == 0);
-	struct pollfd pfd = { .fd = ctx->async_fd, .events = POLLIN };
-	CHECK(poll(&pfd, 1, 10000) == 1);
-	struct ibv_async_event ev;
-	CHECK(ibv_get_async_event(ctx, &ev) == 0);
+	struct ibv_async_event ev = next_event();
 	CHECK(ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == srq);
-	ibv_ack_async_event(&ev);
 	printf("srq limit: %s\n", ibv_event_type_str(ev.event_type));
 
+	/* A peer that is gone: nothing answers at 127.0.0.202, so the WRITE
+	 * times out (timeout 8: ~1 ms), is retried once, and fails. */
+	struct ibv_qp *g = make_qp(NULL);
+	union ibv_gid real = gid;
+	memset(gid.raw, 0, 16);
+	gid.raw[10] = gid.raw[11] = 0xff;
+	gid.raw[12] = 127; gid.raw[15] = 202;
+	connect_qp(g, 0x123, 7);
+	gid = real;
+	struct ibv_send_wr lost = { .wr_id = 6, .sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf, .rkey = mr->rkey } };
+	CHECK(ibv_post_send(g, &lost, &bad) == 0);
+	wc = wait_wc(6);
+	CHECK(wc.status == IBV_WC_RETRY_EXC_ERR);
+	printf("peer gone: %s\n", ibv_wc_status_str(wc.status));
+
+	/* A CQ of depth 1 the program does not poll: the second completion
+	 * overruns it, though the first is long out of the NIC's own queue
+	 * (it waits for the program, and counts). */
+	struct ibv_cq *small = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+	CHECK(small);
+	struct ibv_cq *shared = cq;
+	cq = small;
+	struct ibv_qp *h = make_qp(NULL);
+	cq = shared;
+	struct ibv_qp *k = make_qp(NULL);
+	connect_qp(h, k->qp_num, 7);
+	connect_qp(k, h->qp_num, 7);
+	struct ibv_send_wr w2 = { .wr_id = 8, .sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 1024, .rkey = mr->rkey } };
+	struct ibv_send_wr w1 = w2;
+	w1.wr_id = 7;
+	CHECK(ibv_post_send(h, &w1, &bad) == 0);
+	usleep(200000);
+	CHECK(ibv_post_send(h, &w2, &bad) == 0);
+	ev = next_event();
+	CHECK(ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == small);
+	printf("cq overrun: %s\n", ibv_event_type_str(ev.event_type));
+	ev = next_event();
+	CHECK(ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == h);
+	printf("its qp: %s\n", ibv_event_type_str(ev.event_type));
+
+	/* SQD, asking to be told: the send queue is empty, so at once. */
+	struct ibv_qp *m = make_qp(NULL), *n = make_qp(NULL);
+	connect_qp(m, n->qp_num, 7);
+	connect_qp(n, m->qp_num, 7);
+	struct ibv_qp_attr sqd = { .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1 };
+	CHECK(ibv_modify_qp(m, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0);
+	ev = next_event();
+	CHECK(ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == m);
+	printf("sqd: %s\n", ibv_event_type_str(ev.event_type));
+
+	/* Fork: the child has copies of the objects but not the NIC behind
+	 * them. Its calls fail at once; the parent is untouched. */
+	fflush(stdout);
+	pid_t child = fork();
+	CHECK(child >= 0);
+	if (child == 0) {
+		struct ibv_send_wr cw = wr;
+		cw.wr.rdma.rkey = mr->rkey;
+		memset(buf, 0xAA, 4096);
+		if (ibv_post_send(n, &cw, &bad) != EINVAL)
+			_exit(2);
+		if (ibv_poll_cq(cq, 1, &wc) >= 0)
+			_exit(3);
+		if (ibv_destroy_qp(n) == 0 || ibv_close_device(ctx) == 0)
+			_exit(4);
+		exit(0);
+	}
+	int status = -1;
+	for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) == 0; i++)
+		usleep(10000);
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	memset(buf, 0x11, 64);
+	memset(buf + 3072, 0, 64);
+	struct ibv_send_wr after = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3072, .rkey = mr->rkey } };
+	CHECK(ibv_post_send(n, &after, &bad) == 0);
+	wc = wait_wc(9);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	for (int i = 0; i < 64; i++)
+		CHECK((unsigned char)buf[3072 + i] == 0x11);
+	printf("fork: child refused, parent intact\n");
+
+	CHECK(ibv_destroy_qp(g) == 0 && ibv_destroy_qp(h) == 0 && ibv_destroy_qp(k) == 0);
+	CHECK(ibv_destroy_qp(m) == 0 && ibv_destroy_qp(n) == 0);
+	CHECK(ibv_destroy_cq(small) == 0);
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0);
 	CHECK(ibv_destroy_qp(e) == 0 && ibv_destroy_qp(f) == 0);
