@@ -6,6 +6,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::sysfs;
+
 /// Where the drop-in library is: `RNIC_LIBIBVERBS_DIR`, else the
 /// `rnic-ibverbs` directory cargo's build leaves beside this executable.
 pub fn library_dir() -> Result<PathBuf, String> {
@@ -32,8 +34,10 @@ pub fn library_dir() -> Result<PathBuf, String> {
     }
 }
 
-/// Replace this process with `program`, on rnic. Returns only on failure.
-pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>) -> String {
+/// Replace this process with `program`, on rnic (with `sysfs`, in a mount
+/// namespace that shows its devices in /sys/class/infiniband). Returns only
+/// on failure.
+pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: bool) -> String {
     let dir = match library_dir() {
         Ok(d) => d,
         Err(e) => return e,
@@ -42,14 +46,46 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>) -> Stri
     // RNIC_DEVICES; checked here so that a mistake is reported before the
     // program starts.
     let inherited = std::env::var("RNIC_DEVICES").ok();
-    if let Some(d) = devices.or(inherited.as_deref()) {
-        if let Err(e) = ibverbs::parse_devices(d) {
+    let list = match devices.or(inherited.as_deref()).map(ibverbs::parse_devices) {
+        Some(Ok(l)) => Some(l),
+        Some(Err(e)) => return e,
+        None => None,
+    };
+    let addr = match std::env::var_os("RNIC_ADDR") {
+        Some(a) => match rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy()) {
+            Ok(a) => Some(a),
+            Err(e) => return e.to_string(),
+        },
+        None => None,
+    };
+    let mut devices = devices.map(str::to_string);
+    if sysfs {
+        // sysfs shows addresses, so the default device's is chosen here, the
+        // way the library would choose it, and handed on in RNIC_DEVICES.
+        let list = match list {
+            Some(l) => l,
+            None => match addr.or_else(free_loopback) {
+                Some(a) => {
+                    devices = Some(format!("rnic0={a}"));
+                    vec![ibverbs::DeviceSpec {
+                        name: "rnic0".into(),
+                        addr: Some(a),
+                    }]
+                }
+                None => return "--sysfs: no loopback address has UDP port 4791 free".into(),
+            },
+        };
+        let devs: Vec<sysfs::Dev<'_>> = list
+            .iter()
+            .filter_map(|d| {
+                Some(sysfs::Dev {
+                    name: &d.name,
+                    addr: d.addr?,
+                })
+            })
+            .collect();
+        if let Err(e) = sysfs::enter(&devs) {
             return e;
-        }
-    }
-    if let Some(a) = std::env::var_os("RNIC_ADDR") {
-        if let Err(e) = rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy()) {
-            return e.to_string();
         }
     }
     let mut path = OsString::from(dir.as_os_str());
@@ -64,4 +100,12 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>) -> Stri
     }
     let e = cmd.exec();
     format!("{}: {e}", program.to_string_lossy())
+}
+
+/// The first loopback address whose RoCE port is free, as the library's
+/// default device picks it.
+fn free_loopback() -> Option<std::net::IpAddr> {
+    (1..=254u8)
+        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+        .find(|a| std::net::UdpSocket::bind((*a, rnic_wire::ROCE_V2_PORT)).is_ok())
 }

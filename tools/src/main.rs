@@ -11,6 +11,7 @@ mod dump;
 mod exec;
 mod perf;
 mod pingpong;
+mod sysfs;
 
 #[derive(Parser)]
 #[command(name = "rnic", version, about = "A RoCE v2 RDMA NIC made of software")]
@@ -106,6 +107,11 @@ enum Command {
         /// address.
         #[arg(long, value_name = "NAME=ADDR,...")]
         devices: Option<String>,
+        /// Show the devices in /sys/class/infiniband (GIDs, GID types, network
+        /// devices), in a private mount namespace of the program. Needs root
+        /// or unprivileged user namespaces.
+        #[arg(long)]
+        sysfs: bool,
         /// The program.
         program: std::ffi::OsString,
         /// Its arguments.
@@ -229,10 +235,11 @@ fn main() -> ExitCode {
         }
         Command::Exec {
             devices,
+            sysfs,
             program,
             args,
         } => {
-            let e = exec::run(&program, &args, devices.as_deref());
+            let e = exec::run(&program, &args, devices.as_deref(), sysfs);
             eprintln!("rnic exec: {e}");
             ExitCode::from(127)
         }

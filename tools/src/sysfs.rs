@@ -1,0 +1,181 @@
+//! `rnic exec --sysfs`: the program sees its rnic devices in
+//! `/sys/class/infiniband`, as it would see a RoCE port there.
+//!
+//! rdma-core's tests, NCCL and other frameworks read the GID table, the GID
+//! types and the network device behind each GID from sysfs rather than
+//! through verbs. rnic has no kernel device, so `rnic exec` builds that view
+//! in a private mount namespace of the program:
+//!
+//! 1. `unshare(CLONE_NEWNS)` (as root; otherwise in a new user namespace
+//!    too, where the program runs as uid 0 of that namespace), and every
+//!    mount made private, so nothing done here reaches the host;
+//! 2. a tmpfs over `/sys/class`, with each class that was there bound back
+//!    in place (`/sys/class/net` and the rest stay the kernel's own);
+//! 3. `/sys/class/infiniband/NAME/...` written for each device, with the
+//!    entries a RoCE v2 port has and the values rnic's verbs report;
+//! 4. the tmpfs made read-only, like sysfs.
+//!
+//! The rest of the filesystem is untouched, and the view ends with the
+//! program.
+
+use std::fs;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use rustix::mount::{self, MountFlags, MountPropagationFlags};
+use rustix::thread::UnshareFlags;
+
+const CLASS: &str = "/sys/class";
+
+/// A device as the program will see it.
+pub struct Dev<'a> {
+    /// Its name (`rnic0`).
+    pub name: &'a str,
+    /// Its address (the port's one GID).
+    pub addr: IpAddr,
+}
+
+/// Enter a private mount namespace whose `/sys/class/infiniband` lists
+/// `devs`. Call it single-threaded, just before exec.
+pub fn enter(devs: &[Dev<'_>]) -> Result<(), String> {
+    private_namespace()?;
+    let err = |what: &str, e: std::io::Error| format!("--sysfs: {what}: {e}");
+    // The classes there now, reachable through a descriptor once the tmpfs
+    // covers their path.
+    let old = fs::File::open(CLASS).map_err(|e| err(CLASS, e))?;
+    let classes: Vec<String> = fs::read_dir(CLASS)
+        .map_err(|e| err(CLASS, e))?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n != "infiniband" && n != "infiniband_verbs")
+        .collect();
+    mount::mount("rnic", CLASS, "tmpfs", MountFlags::empty(), c"mode=0755")
+        .map_err(|e| err("mount a tmpfs on /sys/class", e.into()))?;
+    for c in &classes {
+        let target = Path::new(CLASS).join(c);
+        fs::create_dir(&target).map_err(|e| err(c, e))?;
+        let source = format!("/proc/self/fd/{}/{c}", old.as_raw_fd());
+        mount::mount_bind_recursive(&source, &target)
+            .map_err(|e| err(&format!("bind {c}"), e.into()))?;
+    }
+    drop(old);
+    for d in devs {
+        write_device(d).map_err(|e| err(d.name, e))?;
+    }
+    mount::mount_remount(CLASS, MountFlags::RDONLY, c"")
+        .map_err(|e| err("make /sys/class read-only", e.into()))?;
+    Ok(())
+}
+
+fn private_namespace() -> Result<(), String> {
+    // SAFETY: `rnic exec` is single-threaded here, and NEWNS/NEWUSER leave
+    // the file descriptor table alone.
+    let first = unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWNS) };
+    if let Err(e) = first {
+        if e != rustix::io::Errno::PERM {
+            return Err(format!("--sysfs: unshare(CLONE_NEWNS): {e}"));
+        }
+        // Not root: a user namespace of our own grants the mount rights.
+        let (uid, gid) = (rustix::process::getuid(), rustix::process::getgid());
+        // SAFETY: as above.
+        unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWUSER | UnshareFlags::NEWNS) }
+            .map_err(|e| {
+                format!("--sysfs needs root or unprivileged user namespaces: unshare: {e}")
+            })?;
+        let map = |file: &str, text: String| {
+            fs::write(file, text).map_err(|e| format!("--sysfs: {file}: {e}"))
+        };
+        map("/proc/self/setgroups", "deny".into())?;
+        map("/proc/self/uid_map", format!("0 {} 1", uid.as_raw()))?;
+        map("/proc/self/gid_map", format!("0 {} 1", gid.as_raw()))?;
+    }
+    mount::mount_change(
+        "/",
+        MountPropagationFlags::REC | MountPropagationFlags::PRIVATE,
+    )
+    .map_err(|e| format!("--sysfs: make / private: {e}"))
+}
+
+/// A GID as sysfs prints it: eight groups of four hex digits.
+fn gid_text(addr: IpAddr) -> String {
+    let v6 = match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    };
+    let s = v6.segments();
+    s.iter()
+        .map(|g| format!("{g:04x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// A GUID as sysfs prints it (network byte order, four groups).
+fn guid_text(guid: u64) -> String {
+    let b = guid.to_ne_bytes();
+    b.chunks(2)
+        .map(|p| format!("{:02x}{:02x}", p[0], p[1]))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn write_device(d: &Dev<'_>) -> std::io::Result<()> {
+    let dev = Path::new(CLASS).join("infiniband").join(d.name);
+    let port = dev.join("ports/1");
+    let put = |path: &Path, text: &str| -> std::io::Result<()> {
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::write(path, format!("{text}\n"))
+    };
+    let guid = guid_text(ibverbs::guid_of(d.addr));
+    put(&dev.join("node_type"), "1: CA")?;
+    put(&dev.join("node_guid"), &guid)?;
+    put(&dev.join("sys_image_guid"), &guid)?;
+    put(&dev.join("node_desc"), d.name)?;
+    put(&dev.join("fw_ver"), env!("CARGO_PKG_VERSION"))?;
+    put(&port.join("state"), "4: ACTIVE")?;
+    put(&port.join("phys_state"), "5: LinkUp")?;
+    put(&port.join("link_layer"), "Ethernet")?;
+    put(&port.join("rate"), "100 Gb/sec (4X EDR)")?;
+    put(&port.join("lid"), "0x0")?;
+    put(&port.join("sm_lid"), "0x0")?;
+    put(&port.join("lid_mask_count"), "0")?;
+    put(&port.join("pkeys/0"), "0xffff")?;
+    put(&port.join("gids/0"), &gid_text(d.addr))?;
+    put(&port.join("gid_attrs/types/0"), "RoCE v2")?;
+    match ibverbs::netdev_of(d.addr) {
+        Some((netdev, _)) => {
+            put(&port.join("gid_attrs/ndevs/0"), &netdev)?;
+            fs::create_dir_all(dev.join("device/net"))?;
+            std::os::unix::fs::symlink(
+                Path::new(CLASS).join("net").join(&netdev),
+                dev.join("device/net").join(&netdev),
+            )?;
+        }
+        // No interface holds the address: a GID without a network device,
+        // and no device/net entry (what rdma-core's tests take as "no IP").
+        None => fs::create_dir_all(port.join("gid_attrs/ndevs"))?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_prints_gids_and_guids_as_the_kernel_does() {
+        assert_eq!(
+            gid_text("127.0.0.5".parse().unwrap()),
+            "0000:0000:0000:0000:0000:ffff:7f00:0005"
+        );
+        assert_eq!(
+            gid_text("fd00::1".parse().unwrap()),
+            "fd00:0000:0000:0000:0000:0000:0000:0001"
+        );
+        assert_eq!(
+            guid_text(ibverbs::guid_of("127.0.0.5".parse().unwrap())),
+            "0200:7fff:fe00:0005"
+        );
+    }
+}
