@@ -9,6 +9,8 @@
  *   - completions overrunning an unpolled CQ: IBV_EVENT_CQ_ERR, then
  *     IBV_EVENT_QP_FATAL for the QP completing into it;
  *   - SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED;
+ *   - ibv_advise_mr checks every SGE: a wrong lkey or a range past the
+ *     region is EINVAL, a good one 0;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -202,6 +204,16 @@ int main(void)
 	ev = next_event();
 	CHECK(ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == m);
 	printf("sqd: %s\n", ibv_event_type_str(ev.event_type));
+
+	/* Prefetch advice: nothing to fetch, but the SGEs are checked. */
+	struct ibv_sge pre = { .addr = (uintptr_t)buf, .length = 4096, .lkey = mr->lkey };
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &pre, 1) == 0);
+	pre.length = 4097;
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pre, 1) == EINVAL);
+	pre.length = 64;
+	pre.lkey ^= 0x100;
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pre, 1) == EINVAL);
+	printf("advise_mr: SGEs checked\n");
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
