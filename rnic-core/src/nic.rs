@@ -595,6 +595,12 @@ impl Nic {
         h
     }
 
+    fn cq_mut(&mut self, cq: CqHandle) -> Result<&mut Cq, VerbError> {
+        self.cqs
+            .get_mut(cq.0 as usize)
+            .ok_or(VerbError::NoSuchCq(cq))
+    }
+
     /// Change CQ `cq`'s depth (`ibv_resize_cq`), at most
     /// `DEVICE_ATTR.max_cqe`. `outside` counts completions already handed to
     /// the consumer and not yet polled: with more waiting than `depth`, it
@@ -608,10 +614,7 @@ impl Nic {
         if depth > DEVICE_ATTR.max_cqe as usize {
             return Err(VerbError::CapsTooLarge);
         }
-        let q = self
-            .cqs
-            .get_mut(cq.0 as usize)
-            .ok_or(VerbError::NoSuchCq(cq))?;
+        let q = self.cq_mut(cq)?;
         if q.resize(depth, outside) {
             Ok(())
         } else {
@@ -632,10 +635,7 @@ impl Nic {
         cq: CqHandle,
         outside: usize,
     ) -> Result<Vec<Completion>, VerbError> {
-        let q = self
-            .cqs
-            .get_mut(cq.0 as usize)
-            .ok_or(VerbError::NoSuchCq(cq))?;
+        let q = self.cq_mut(cq)?;
         let room = q.depth().saturating_sub(outside);
         let first = q.overrun_beyond(room);
         let out = q.poll(room);
@@ -649,11 +649,7 @@ impl Nic {
 
     /// Take up to `max` completions.
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<Completion>, VerbError> {
-        Ok(self
-            .cqs
-            .get_mut(cq.0 as usize)
-            .ok_or(VerbError::NoSuchCq(cq))?
-            .poll(max))
+        Ok(self.cq_mut(cq)?.poll(max))
     }
 
     /// Create a QP in the RESET state; returns its number.

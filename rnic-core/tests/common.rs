@@ -167,11 +167,24 @@ impl Pair {
     }
 
     pub fn post_fenced(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>, fence: bool) {
+        self.post_signaled(0, wr_id, op, sg_list, fence);
+    }
+
+    /// Post a signaled work request on side `side`'s QP (0 = A, 1 = B).
+    fn post_signaled(
+        &mut self,
+        side: usize,
+        wr_id: u64,
+        op: SendOp,
+        sg_list: Vec<Sge>,
+        fence: bool,
+    ) {
         let now = self.c.now;
-        self.c.nics[0]
+        let qpn = [self.a.qpn, self.b.qpn][side];
+        self.c.nics[side]
             .post_send(
                 now,
-                self.a.qpn,
+                qpn,
                 SendWr {
                     wr_id,
                     op,
@@ -320,22 +333,7 @@ pub fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
 
 /// Post a work request without local buffers on B's QP.
 pub fn post_b(p: &mut Pair, wr_id: u64, op: SendOp) {
-    let now = p.c.now;
-    p.c.nics[1]
-        .post_send(
-            now,
-            p.b.qpn,
-            SendWr {
-                wr_id,
-                op,
-                sg_list: Vec::new(),
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            },
-        )
-        .unwrap();
+    p.post_signaled(1, wr_id, op, Vec::new(), false);
 }
 
 /// Allocate a window on B and bind it to B's QP over 256 bytes at B_IOVA + 4096.

@@ -174,8 +174,8 @@ impl Device {
         if let Some(a) = std::env::var_os("RNIC_ADDR") {
             return Device::open(parse_env_addr("RNIC_ADDR", &a.to_string_lossy())?);
         }
-        for last in 1..=254u8 {
-            match Device::open(IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))) {
+        for addr in loopback_addrs() {
+            match Device::open(addr) {
                 Ok(d) => return Ok(d),
                 Err(Error::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e),
@@ -317,6 +317,12 @@ impl Device {
     ) -> Result<R> {
         Ok(self.engine.call(f)?)
     }
+}
+
+/// The loopback addresses a default device takes, in the order it tries
+/// them: 127.0.0.1, 127.0.0.2, ... 127.0.0.254.
+pub fn loopback_addrs() -> impl Iterator<Item = IpAddr> {
+    (1..=254u8).map(|last| IpAddr::V4(Ipv4Addr::new(127, 0, 0, last)))
 }
 
 /// `value`, the value of environment variable `var`, as an IP address.

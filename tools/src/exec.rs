@@ -105,7 +105,6 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: 
 /// The first loopback address whose RoCE port is free, as the library's
 /// default device picks it.
 fn free_loopback() -> Option<std::net::IpAddr> {
-    (1..=254u8)
-        .map(|last| std::net::IpAddr::from([127, 0, 0, last]))
+    rnic_verbs::loopback_addrs()
         .find(|a| std::net::UdpSocket::bind((*a, rnic_wire::ROCE_V2_PORT)).is_ok())
 }

@@ -58,11 +58,13 @@ pub(crate) unsafe trait Object: Sized {
     const MAGIC: u64;
     /// The magic field.
     fn magic(&self) -> u64;
-    /// Clear the magic, so a later use of a freed object's pointer is caught
-    /// as long as the memory is not reused.
-    fn kill(&mut self);
     /// Set the magic.
     fn set_magic(&mut self, magic: u64);
+    /// Clear the magic, so a later use of a freed object's pointer is caught
+    /// as long as the memory is not reused.
+    fn kill(&mut self) {
+        self.set_magic(0);
+    }
 
     /// Box the object and hand out the C pointer, its magic stamped with
     /// the fork generation.
@@ -123,9 +125,6 @@ macro_rules! object {
             const MAGIC: u64 = u64::from_le_bytes(*$magic);
             fn magic(&self) -> u64 {
                 self.magic
-            }
-            fn kill(&mut self) {
-                self.magic = 0;
             }
             fn set_magic(&mut self, magic: u64) {
                 self.magic = magic;
