@@ -529,6 +529,12 @@ impl Nic {
         self.mem.alloc_pd()
     }
 
+    /// Free a protection domain (`ibv_dealloc_pd`): refused while a region,
+    /// window or queue pair is in it.
+    pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), VerbError> {
+        Ok(self.mem.dealloc_pd(pd)?)
+    }
+
     /// Register memory.
     pub fn reg_mr(
         &mut self,

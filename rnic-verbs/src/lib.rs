@@ -355,6 +355,15 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// Free the domain in the NIC (`ibv_dealloc_pd`). Refused while a
+    /// region, window or queue pair is still in it; after it, nothing can
+    /// be made in this domain.
+    pub fn dealloc(&self) -> Result<()> {
+        let pd = self.pd;
+        self.dev.engine.call(move |st| st.nic.dealloc_pd(pd))??;
+        Ok(())
+    }
+
     /// Check that `lkey`, a region of this domain, covers `len` bytes at
     /// `addr` with `access` (what `ibv_advise_mr` validates; rnic never
     /// pins or faults, so there is nothing to prefetch).

@@ -67,7 +67,10 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut sys::ibv_context) -> *mut sys::i
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
     ffi::errno_call(|| {
         // SAFETY: the program's pointer.
-        unsafe { ffi::free::<Pd>(pd) }.ok_or(libc::EINVAL)?;
+        let p = unsafe { Pd::from_c(pd)? };
+        p.pd.dealloc().map_err(|e| ffi::errno_of(&e))?;
+        // SAFETY: checked above.
+        unsafe { ffi::free::<Pd>(pd) };
         Ok(())
     })
 }

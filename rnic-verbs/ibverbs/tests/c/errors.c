@@ -11,6 +11,9 @@
  *   - SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED;
  *   - ibv_advise_mr checks every SGE: a wrong lkey or a range past the
  *     region is EINVAL, a good one 0;
+ *   - misuse: a pointer that is not rnic's, a PD, region or channel still
+ *     in use, inline data over 256 bytes, an invalid attribute the mask
+ *     names: each refused with rdma-core's errno;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -214,6 +217,73 @@ int main(void)
 	pre.lkey ^= 0x100;
 	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &pre, 1) == EINVAL);
 	printf("advise_mr: SGEs checked\n");
+
+	/* Misuse by the program: refused with rdma-core's errno, nothing
+	 * touched. A pointer that is not one of rnic's objects: */
+	static uint64_t not_ours[512];
+	CHECK(ibv_destroy_cq((struct ibv_cq *)not_ours) == EINVAL);
+	CHECK(ibv_dealloc_pd((struct ibv_pd *)not_ours) == EINVAL);
+	/* A domain still in use: */
+	CHECK(ibv_dealloc_pd(pd) == EBUSY);
+	/* Inline data: 256 bytes at most, at creation and per post. */
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 257 } };
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &ia) == NULL && errno == EINVAL);
+	ia.cap.max_inline_data = 256;
+	struct ibv_qp *in = ibv_create_qp(pd, &ia);
+	CHECK(in && ia.cap.max_inline_data >= 256);
+	CHECK(ibv_destroy_qp(in) == 0);
+	struct ibv_sge longer = { .addr = (uintptr_t)buf + 1024, .length = 257 };
+	struct ibv_send_wr iw = { .wr_id = 10, .sg_list = &longer, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3072, .rkey = mr->rkey } };
+	bad = NULL;
+	CHECK(ibv_post_send(n, &iw, &bad) == EINVAL && bad == &iw);
+	longer.length = 256;
+	memset(buf + 1024, 0x5A, 256);
+	memset(buf + 3072, 0, 256);
+	CHECK(ibv_post_send(n, &iw, &bad) == 0);
+	wc = wait_wc(10);
+	CHECK(wc.status == IBV_WC_SUCCESS);
+	for (int i = 0; i < 256; i++)
+		CHECK((unsigned char)buf[3072 + i] == 0x5A);
+	/* An attribute the mask names must be valid; one it does not name is
+	 * not looked at. */
+	struct ibv_qp_attr mtu = { .path_mtu = 0, .min_rnr_timer = 12 };
+	CHECK(ibv_modify_qp(n, &mtu, IBV_QP_PATH_MTU) == EINVAL);
+	CHECK(ibv_modify_qp(n, &mtu, IBV_QP_MIN_RNR_TIMER) == 0);
+	/* A region with a window bound to it stays registered. */
+	char *wbuf = calloc(1, 4096);
+	struct ibv_mr *wmr = ibv_reg_mr(pd, wbuf, 4096, IBV_ACCESS_LOCAL_WRITE |
+					IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	CHECK(wmr && mw);
+	struct ibv_send_wr bw = { .wr_id = 11, .opcode = IBV_WR_BIND_MW,
+		.send_flags = IBV_SEND_SIGNALED,
+		.bind_mw = { .mw = mw, .rkey = ibv_inc_rkey(mw->rkey),
+			     .bind_info = { .mr = wmr, .addr = (uintptr_t)wbuf, .length = 4096,
+					    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } } };
+	CHECK(ibv_post_send(n, &bw, &bad) == 0);
+	CHECK(wait_wc(11).status == IBV_WC_SUCCESS);
+	CHECK(ibv_dereg_mr(wmr) == EBUSY);
+	struct ibv_send_wr inv = { .wr_id = 12, .opcode = IBV_WR_LOCAL_INV,
+		.send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = bw.bind_mw.rkey };
+	CHECK(ibv_post_send(n, &inv, &bad) == 0);
+	CHECK(wait_wc(12).status == IBV_WC_SUCCESS);
+	CHECK(ibv_dereg_mr(wmr) == 0);
+	CHECK(ibv_dealloc_mw(mw) == 0);
+	free(wbuf);
+	/* A completion channel with a CQ on it stays. */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	CHECK(ch);
+	struct ibv_cq *chcq = ibv_create_cq(ctx, 4, NULL, ch, 0);
+	CHECK(chcq);
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY);
+	CHECK(ibv_destroy_cq(chcq) == 0);
+	CHECK(ibv_destroy_comp_channel(ch) == 0);
+	printf("misuse: foreign pointers, busy objects, long inline, masked attributes refused\n");
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
