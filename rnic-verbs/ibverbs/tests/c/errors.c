@@ -241,6 +241,9 @@ int main(void)
 		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3072, .rkey = mr->rkey } };
 	bad = NULL;
 	CHECK(ibv_post_send(n, &iw, &bad) == EINVAL && bad == &iw);
+	/* Refused before a byte is copied: 1 GiB from a 4 KiB buffer. */
+	longer.length = 1u << 30;
+	CHECK(ibv_post_send(n, &iw, &bad) == EINVAL && bad == &iw);
 	longer.length = 256;
 	memset(buf + 1024, 0x5A, 256);
 	memset(buf + 3072, 0, 256);
