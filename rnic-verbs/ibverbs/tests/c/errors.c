@@ -254,9 +254,21 @@ int main(void)
 		CHECK((unsigned char)buf[3072 + i] == 0x5A);
 	/* An attribute the mask names must be valid; one it does not name is
 	 * not looked at. */
-	struct ibv_qp_attr mtu = { .path_mtu = 0, .min_rnr_timer = 12 };
-	CHECK(ibv_modify_qp(n, &mtu, IBV_QP_PATH_MTU) == EINVAL);
-	CHECK(ibv_modify_qp(n, &mtu, IBV_QP_MIN_RNR_TIMER) == 0);
+	struct ibv_qp *fresh = make_qp(NULL);
+	struct ibv_qp_attr st = { .qp_state = 42 };
+	CHECK(ibv_modify_qp(fresh, &st, IBV_QP_STATE) == EINVAL);
+	struct ibv_qp_attr rtr = { .qp_state = IBV_QPS_RTR, .path_mtu = 0, .dest_qp_num = n->qp_num,
+		.max_dest_rd_atomic = 1, .min_rnr_timer = 1,
+		.ah_attr = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 64 } } };
+	int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+		IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK(ibv_modify_qp(fresh, &rtr, rtr_mask) == EINVAL);
+	struct ibv_qp_attr q;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(fresh, &q, IBV_QP_STATE, &qi) == 0 && q.qp_state == IBV_QPS_INIT);
+	struct ibv_qp_attr rnr = { .path_mtu = 0, .min_rnr_timer = 12 };
+	CHECK(ibv_modify_qp(n, &rnr, IBV_QP_MIN_RNR_TIMER) == 0);
+	CHECK(ibv_destroy_qp(fresh) == 0);
 	/* A region with a window bound to it stays registered. */
 	char *wbuf = calloc(1, 4096);
 	struct ibv_mr *wmr = ibv_reg_mr(pd, wbuf, 4096, IBV_ACCESS_LOCAL_WRITE |
