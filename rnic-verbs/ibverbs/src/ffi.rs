@@ -286,3 +286,63 @@ pub(crate) unsafe fn copy_prefix<T>(value: &T, dst: *mut T, size: usize) {
     // SAFETY: `value` is a whole T; `dst` has room for `size` >= n bytes.
     unsafe { std::ptr::copy_nonoverlapping((value as *const T).cast::<u8>(), dst.cast::<u8>(), n) };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C)]
+    struct Apple {
+        c: u64,
+        magic: u64,
+    }
+    object!(Apple, u64, b"t-apple\0");
+
+    #[repr(C)]
+    struct Pear {
+        c: u64,
+        magic: u64,
+        more: [u64; 4],
+    }
+    object!(Pear, u64, b"t-pear\0\0");
+
+    /// A pointer is taken only as the type it was made as: the magic says
+    /// which, and a freed object is not taken at all.
+    #[test]
+    fn an_object_is_taken_only_as_its_own_type() {
+        let p = Pear {
+            c: 0,
+            magic: 0,
+            more: [0; 4],
+        }
+        .into_c();
+        // SAFETY: a live Pear, larger than an Apple.
+        unsafe {
+            assert!(obj::<Pear>(p).is_some());
+            assert!(obj::<Apple>(p).is_none());
+            assert!(free::<Apple>(p).is_none());
+            assert!(obj::<Pear>(std::ptr::null_mut()).is_none());
+            assert!(obj::<Pear>(p.cast::<u8>().add(1).cast()).is_none());
+            assert!(free::<Pear>(p).is_some());
+        }
+    }
+
+    /// Every kind of object rnic hands out has a magic of its own.
+    #[test]
+    fn every_type_has_its_own_magic() {
+        let all = [
+            <crate::ah::Ah as Object>::MAGIC,
+            <crate::cq::Cq as Object>::MAGIC,
+            <crate::cq::Channel as Object>::MAGIC,
+            <crate::device::Context as Object>::MAGIC,
+            <crate::mr::Mr as Object>::MAGIC,
+            <crate::mw::Mw as Object>::MAGIC,
+            <crate::pd::Pd as Object>::MAGIC,
+            <crate::qp::Qp as Object>::MAGIC,
+            <crate::srq::Srq as Object>::MAGIC,
+        ];
+        let distinct: std::collections::HashSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), all.len());
+        assert!(!all.contains(&0), "0 is a freed object's magic");
+    }
+}
