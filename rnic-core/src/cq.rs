@@ -48,6 +48,16 @@ impl Cq {
         self.entries.drain(..n).collect()
     }
 
+    /// Hand up to `max` completions to `each`, in order, without
+    /// allocating; how many.
+    pub fn drain_into(&mut self, max: usize, mut each: impl FnMut(Completion)) -> usize {
+        let n = max.min(self.entries.len());
+        for c in self.entries.drain(..n) {
+            each(c);
+        }
+        n
+    }
+
     /// Change the depth to `depth` (`ibv_resize_cq`). `outside` completions
     /// already handed on to the consumer but not yet taken by it count as
     /// waiting. Refused, and nothing changes, if more than `depth` are waiting.

@@ -313,6 +313,9 @@ impl QpTable {
     }
 }
 
+/// How many packet buffers the NIC keeps for reuse.
+pub const POOL: usize = 256;
+
 /// A software RoCE v2 NIC.
 pub struct Nic {
     addr: IpAddr,
@@ -322,6 +325,9 @@ pub struct Nic {
     next_cq: u32,
     next_qpn: u32,
     tx: VecDeque<Datagram>,
+    /// Packet buffers handed back after sending ([`Nic::recycle`]), reused
+    /// for the next packets: a steady flow allocates nothing.
+    pool: Vec<Vec<u8>>,
     counters: Counters,
     limits: Limits,
     exec_log: Option<Vec<Execution>>,
@@ -357,6 +363,7 @@ impl Nic {
             next_cq: 0,
             next_qpn: FIRST_QPN,
             tx: VecDeque::new(),
+            pool: Vec::with_capacity(POOL),
             counters: Counters::default(),
             limits: Limits {
                 max_qp_init_rd_atom: DEVICE_ATTR.max_qp_init_rd_atom,
@@ -397,6 +404,7 @@ impl Nic {
             events,
             busy,
             overrun_cqs,
+            pool,
             now: latest,
             ..
         } = self;
@@ -415,6 +423,7 @@ impl Nic {
             events,
             busy,
             overrun_cqs,
+            pool,
         };
         (qps, ctx)
     }
@@ -636,15 +645,17 @@ impl Nic {
     /// program polls them): the depth counts both, and completions that do
     /// not fit overrun the CQ as if they had arrived to a full queue
     /// (IBV_EVENT_CQ_ERR, and the QPs that complete into it go to error).
+    /// Each goes to `each`, in order; returns how many did.
     pub fn deliver_cq(
         &mut self,
         cq: CqHandle,
         outside: usize,
-    ) -> Result<Vec<Completion>, VerbError> {
+        each: impl FnMut(Completion),
+    ) -> Result<usize, VerbError> {
         let q = self.cq_mut(cq)?;
         let room = q.depth().saturating_sub(outside);
         let first = q.overrun_beyond(room);
-        let out = q.poll(room);
+        let out = q.drain_into(room, each);
         if first {
             self.events.push_back(AsyncEvent::CqError(cq));
             self.overrun_cqs.push(cq);
@@ -982,17 +993,38 @@ impl Nic {
     /// convention (see [`rnic_wire::icrc::for_udp`]); a packet that fails it,
     /// or does not parse, is dropped and counted.
     pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
-        self.handle_datagram_inner(now, d);
+        self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload);
+    }
+
+    /// Handle a UDP payload from `src` (port `src_port`) to `dst`, in place:
+    /// what [`Nic::handle_datagram`] does, for a caller whose bytes sit in
+    /// its own receive buffer.
+    pub fn handle_udp(
+        &mut self,
+        now: Time,
+        src: IpAddr,
+        dst: IpAddr,
+        src_port: u16,
+        payload: &[u8],
+    ) {
+        self.handle_udp_inner(now, src, dst, src_port, payload);
         self.settle();
     }
 
-    fn handle_datagram_inner(&mut self, now: Time, d: &Datagram) {
-        let Ok(pkt) = IbPacket::new_checked(&d.payload[..]) else {
+    fn handle_udp_inner(
+        &mut self,
+        now: Time,
+        src: IpAddr,
+        dst: IpAddr,
+        src_port: u16,
+        payload: &[u8],
+    ) {
+        let Ok(pkt) = IbPacket::new_checked(payload) else {
             self.counters.malformed += 1;
             return;
         };
         let covered = pkt.covered();
-        match icrc::for_udp(d.src, d.dst, d.src_port, covered) {
+        match icrc::for_udp(src, dst, src_port, covered) {
             Ok(crc) if crc == pkt.icrc() => {}
             _ => {
                 self.counters.icrc_errors += 1;
@@ -1027,11 +1059,11 @@ impl Nic {
         }
         if qp.qp_type == QpType::Ud {
             ctx.counters.rcvd_pkts += 1;
-            qp.resp_ud(&mut ctx, &pkt, d.src, d.dst);
+            qp.resp_ud(&mut ctx, &pkt, src, dst);
             return;
         }
         // A connected QP takes packets from its peer only.
-        if qp.attr.ah_attr.map(|a| a.dest) != Some(d.src) {
+        if qp.attr.ah_attr.map(|a| a.dest) != Some(src) {
             ctx.counters.unknown_qp += 1;
             return;
         }
@@ -1058,6 +1090,14 @@ impl Nic {
                 qp.comp_timeout(&mut ctx);
                 qp.req_poll(&mut ctx);
             }
+        }
+    }
+
+    /// Hand back a sent datagram's buffer for the NIC to build a later
+    /// packet in (at most [`POOL`] are kept).
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        if self.pool.len() < POOL {
+            self.pool.push(buf);
         }
     }
 

@@ -33,6 +33,8 @@ pub(crate) struct Ctx<'a> {
     pub busy: &'a mut VecDeque<u32>,
     /// CQs that overran during this event; the NIC moves their QPs to error.
     pub overrun_cqs: &'a mut Vec<CqHandle>,
+    /// Buffers to build packets in ([`crate::Nic::recycle`]).
+    pub pool: &'a mut Vec<Vec<u8>>,
 }
 
 impl Ctx<'_> {
@@ -485,7 +487,9 @@ impl Qp {
         ib: &IbRepr,
         payload: &[u8],
     ) -> Option<Datagram> {
-        let mut buf = vec![0u8; ib.buffer_len()];
+        let mut buf = ctx.pool.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(ib.buffer_len(), 0);
         if ib.emit(&mut buf, payload).is_err() {
             ctx.counters.send_err += 1;
             return None;

@@ -80,6 +80,10 @@ pub(crate) struct EngineState {
     pub span: tracing::Span,
     /// Datagrams waiting to be sent, reused.
     tx: Vec<Datagram>,
+    /// Receive buffers, used by whichever thread holds the lock: receiving
+    /// and handling a batch is one step, so datagrams are handled in the
+    /// order they arrived.
+    rx: crate::udp::RecvBatch,
 }
 
 impl EngineState {
@@ -138,27 +142,29 @@ impl EngineState {
                     .iter()
                     .take_while(|d| d.src_port == first.src_port)
                     .count();
-                let out: Vec<(SocketAddr, &[u8])> = rest[..run]
-                    .iter()
-                    .map(|d| (SocketAddr::new(d.dst, ROCE_PORT), &d.payload[..]))
-                    .collect();
                 let from = self.send_sockets.get(&first.src_port).unwrap_or(socket);
                 // Datagrams the socket buffer refused are lost, as on a full link.
-                let _ = crate::udp::send(from.as_fd(), &out);
+                let _ = crate::udp::send(from.as_fd(), run, |j| {
+                    (
+                        SocketAddr::new(rest[j].dst, ROCE_PORT),
+                        &rest[j].payload[..],
+                    )
+                });
                 rest = &rest[run..];
+            }
+            for d in tx.drain(..) {
+                self.nic.recycle(d.payload);
             }
             self.tx = tx;
         }
         for (h, sink) in &self.cqs {
             // The program's unpolled completions count against the depth.
-            if let Ok(done) = self.nic.deliver_cq(*h, sink.tx.len()) {
-                let any = !done.is_empty();
-                for c in done {
-                    let _ = sink.tx.send(c);
-                }
-                if let (true, Some(n)) = (any, &sink.notify) {
-                    n.completed(*h);
-                }
+            let tx = &sink.tx;
+            let delivered = self.nic.deliver_cq(*h, tx.len(), |c| {
+                let _ = tx.send(c);
+            });
+            if let (Ok(1..), Some(n)) = (delivered, &sink.notify) {
+                n.completed(*h);
             }
         }
         while let Some(e) = self.nic.poll_async_event() {
@@ -169,6 +175,53 @@ impl EngineState {
                 }
             }
         }
+    }
+
+    /// Receive one batch from `socket` and run each datagram through the
+    /// NIC in arrival order, straight from the receive buffer; how many
+    /// there were (0: none waiting). Then send what that produced and
+    /// deliver completions.
+    fn receive(&mut self, socket: &UdpSocket) -> usize {
+        // ICMP errors from earlier sends (port unreachable) surface here as
+        // errors: nothing to receive this round.
+        let n = self.rx.recv(socket.as_fd()).unwrap_or_default();
+        if n == 0 {
+            return 0;
+        }
+        let dst = self.nic.addr();
+        let now = self.now();
+        for i in 0..n {
+            let Some((payload, from)) = self.rx.get(i) else {
+                self.nic.count_malformed();
+                continue;
+            };
+            // The BTH's destination QP (bytes 5-7): the local QP.
+            let span = match payload.get(5..8) {
+                Some(q) if !self.qp_spans.is_empty() => {
+                    self.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+                }
+                _ => tracing::Span::none(),
+            };
+            let _in_qp = span.enter();
+            if self.observed() {
+                let d = Datagram {
+                    src: from.ip(),
+                    dst,
+                    src_port: from.port(),
+                    payload: payload.to_vec(),
+                };
+                self.observe(false, now, &d);
+            }
+            self.nic
+                .handle_udp(now, from.ip(), dst, from.port(), payload);
+        }
+        self.pump(socket);
+        n
+    }
+
+    /// Whether packets are shown anywhere (a tap, a capture, the trace log).
+    fn observed(&self) -> bool {
+        self.tap.is_some() || self.capture.is_some() || tracing::enabled!(tracing::Level::TRACE)
     }
 
     pub fn now(&self) -> Time {
@@ -265,7 +318,7 @@ fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
 
 impl Engine {
     /// Bind `addr`:4791 and start the engine thread.
-    pub fn start(addr: IpAddr, seed: u64) -> io::Result<Engine> {
+    pub fn start(addr: IpAddr, seed: u64, priority: crate::sched::Priority) -> io::Result<Engine> {
         let socket = open_socket(addr, ROCE_PORT)?;
         crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
@@ -284,6 +337,7 @@ impl Engine {
             send_sockets: HashMap::new(),
             span: span.clone(),
             tx: Vec::with_capacity(crate::udp::BATCH),
+            rx: crate::udp::RecvBatch::new(),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -297,8 +351,9 @@ impl Engine {
             .name(format!("rnic-engine-{addr}"))
             .spawn(move || {
                 let _entered = span.enter();
-                tracing::debug!("engine started on UDP port {ROCE_PORT}");
-                run(&engine_side, addr);
+                let realtime = crate::sched::apply(priority);
+                tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
+                run(&engine_side, realtime);
             })?;
         Ok(Engine {
             shared,
@@ -324,6 +379,34 @@ impl Engine {
             sh.wake();
         }
         Ok(r)
+    }
+
+    /// Run-to-completion: on the calling thread (one that found its queue
+    /// empty), take in what has arrived and run the timers that are due, as
+    /// the engine thread would, so a program that polls needs no hand-off
+    /// to another thread. Does nothing if the engine thread (or another
+    /// poller) holds the lock: it is doing the same work. Allocates nothing
+    /// when nothing arrived.
+    pub fn progress(&self) {
+        let sh = &*self.shared;
+        let Some(mut st) = sh.state.try_lock() else {
+            return;
+        };
+        let mut worked = st.receive(&sh.socket) > 0;
+        let now = st.now();
+        if st.nic.next_deadline().is_some_and(|d| d <= now) {
+            st.nic.handle_timeout(now);
+            st.pump(&sh.socket);
+            worked = true;
+        }
+        if !worked {
+            return;
+        }
+        let next = st.nic.next_deadline();
+        drop(st);
+        if next.is_some_and(|t| t.0 < sh.sleeping_until.load(Ordering::Acquire)) {
+            sh.wake();
+        }
     }
 }
 
@@ -357,45 +440,21 @@ fn busy_poll() -> Duration {
         .unwrap_or(Duration::ZERO)
 }
 
-fn run(sh: &Shared, addr: IpAddr) {
-    let mut rx = crate::udp::RecvBatch::new();
-    let spin = busy_poll();
+fn run(sh: &Shared, realtime: bool) {
+    // Spinning in real time would starve the program on its core.
+    let spin = if realtime {
+        Duration::ZERO
+    } else {
+        busy_poll()
+    };
     let mut idle_since: Option<Instant> = None;
     while !sh.stop.load(Ordering::Acquire) {
         // Receive everything waiting, a batch per system call, each batch
         // handled under the lock.
         let mut busy = false;
         loop {
-            // ICMP errors from earlier sends (port unreachable) surface
-            // here as errors: nothing to receive this round.
-            let n = rx.recv(sh.socket.as_fd()).unwrap_or_default();
-            if n == 0 {
-                break;
-            }
-            busy = true;
-            let mut st = sh.state.lock();
-            for i in 0..n {
-                let Some((payload, from)) = rx.get(i) else {
-                    st.nic.count_malformed();
-                    continue;
-                };
-                let d = Datagram {
-                    src: from.ip(),
-                    dst: addr,
-                    src_port: from.port(),
-                    payload: payload.to_vec(),
-                };
-                let now = st.now();
-                // The BTH's destination QP (bytes 5-7): the local QP.
-                let span = match d.payload.get(5..8) {
-                    Some(q) => st.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]])),
-                    None => tracing::Span::none(),
-                };
-                let _in_qp = span.enter();
-                st.observe(false, now, &d);
-                st.nic.handle_datagram(now, &d);
-            }
-            st.pump(&sh.socket);
+            let n = sh.state.lock().receive(&sh.socket);
+            busy |= n > 0;
             if n < crate::udp::BATCH {
                 break;
             }

@@ -30,6 +30,8 @@ mod engine;
 mod memory;
 pub mod rendezvous;
 #[allow(unsafe_code)]
+mod sched;
+#[allow(unsafe_code)]
 mod udp;
 
 use core::fmt;
@@ -151,7 +153,7 @@ impl Device {
             .unwrap_or(0)
             ^ u64::from(std::process::id()) << 32;
         let dev = Device {
-            engine: Arc::new(Engine::start(addr, seed)?),
+            engine: Arc::new(Engine::start(addr, seed, sched::Priority::from_env()?)?),
         };
         if let Some(path) = std::env::var_os("RNIC_PCAP") {
             dev.capture(std::path::Path::new(&path))?;
@@ -308,7 +310,12 @@ impl Device {
             st.cqs.insert(h, engine::CqSink { tx, notify });
             h
         })?;
-        Ok(CompletionQueue { cq, rx, armed })
+        Ok(CompletionQueue {
+            cq,
+            rx,
+            armed,
+            dev: self.clone(),
+        })
     }
 
     fn call<R: Send + 'static>(
@@ -766,6 +773,9 @@ pub struct CompletionQueue {
     cq: CqHandle,
     rx: Receiver<Completion>,
     armed: Arc<AtomicBool>,
+    /// For run-to-completion: a poll that finds the queue empty takes in
+    /// what has arrived itself.
+    dev: Device,
 }
 
 impl CompletionQueue {
@@ -779,13 +789,37 @@ impl CompletionQueue {
     pub fn req_notify(&self) {
         self.armed.store(true, Ordering::Release);
     }
-    /// Take the completions waiting (none is an empty vector).
+    /// Take the completions waiting (none is an empty vector). If none
+    /// is, first take in what the NIC has received, on this thread.
     pub fn poll(&self) -> Vec<Completion> {
+        if self.rx.is_empty() {
+            self.dev.engine.progress();
+        }
         self.rx.try_iter().collect()
     }
-    /// Take the next completion waiting, if any (no allocation).
+    /// Take the next completion waiting, if any (no allocation). If none
+    /// is, first take in what the NIC has received, on this thread.
     pub fn try_next(&self) -> Option<Completion> {
+        if let Ok(c) = self.rx.try_recv() {
+            return Some(c);
+        }
+        self.dev.engine.progress();
         self.rx.try_recv().ok()
+    }
+    /// Poll until a completion arrives or `timeout` passes, never sleeping:
+    /// the latency mode of perftest and of `rnic perf --lat`. It keeps a
+    /// core busy, and the packets it waits for are taken in on this thread.
+    pub fn spin(&self, timeout: Duration) -> Result<Completion> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(c) = self.try_next() {
+                return Ok(c);
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::Timeout);
+            }
+            std::hint::spin_loop();
+        }
     }
     /// How many completions are waiting.
     pub fn len(&self) -> usize {
@@ -795,8 +829,12 @@ impl CompletionQueue {
     pub fn is_empty(&self) -> bool {
         self.rx.is_empty()
     }
-    /// Wait up to `timeout` for one completion.
+    /// Wait up to `timeout` for one completion, sleeping while none comes
+    /// (the engine thread takes in packets meanwhile).
     pub fn wait(&self, timeout: Duration) -> Result<Completion> {
+        if let Some(c) = self.try_next() {
+            return Ok(c);
+        }
         self.rx.recv_timeout(timeout).map_err(|_| Error::Timeout)
     }
 }

@@ -19,54 +19,65 @@ pub(crate) const BATCH: usize = 32;
 /// larger datagram is truncated and reported as such.
 const SLOT: usize = 8192;
 
-/// Receive buffers and what the last `recv` filled in.
+/// Receive buffers and what the last `recv` filled in. The message headers
+/// are built once and point into the struct's own heap buffers, which never
+/// move (they are never resized), so a receive allocates nothing.
 pub(crate) struct RecvBatch {
     bufs: Vec<u8>,
     addrs: Vec<libc::sockaddr_storage>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
     lens: Vec<usize>,
     truncated: Vec<bool>,
 }
 
+// SAFETY: the raw pointers in `iovs` and `hdrs` point into `bufs`, `addrs`
+// and `iovs`, heap buffers owned by the same struct: moving the struct to
+// another thread moves them with it, and nothing else refers to them.
+unsafe impl Send for RecvBatch {}
+
 impl RecvBatch {
     pub fn new() -> RecvBatch {
-        RecvBatch {
+        let mut b = RecvBatch {
             bufs: vec![0; SLOT * BATCH],
             // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
             addrs: vec![unsafe { zeroed() }; BATCH],
+            iovs: Vec::with_capacity(BATCH),
+            hdrs: Vec::with_capacity(BATCH),
             lens: vec![0; BATCH],
             truncated: vec![false; BATCH],
+        };
+        for slot in b.bufs.chunks_mut(SLOT) {
+            b.iovs.push(libc::iovec {
+                iov_base: slot.as_mut_ptr().cast(),
+                iov_len: slot.len(),
+            });
         }
+        for (iov, addr) in b.iovs.iter_mut().zip(b.addrs.iter_mut()) {
+            // SAFETY: mmsghdr is plain data; all zeroes is a valid empty one.
+            let mut h: libc::mmsghdr = unsafe { zeroed() };
+            h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+            b.hdrs.push(h);
+        }
+        b
     }
 
     /// Receive up to [`BATCH`] datagrams without blocking; how many (0 if none waits).
     pub fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
-        let mut iovs: Vec<libc::iovec> = self
-            .bufs
-            .chunks_mut(SLOT)
-            .map(|b| libc::iovec {
-                iov_base: b.as_mut_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = iovs
-            .iter_mut()
-            .zip(self.addrs.iter_mut())
-            .map(|(iov, addr)| {
-                // SAFETY: msghdr is plain data; all zeroes is a valid empty one.
-                let mut h: libc::mmsghdr = unsafe { zeroed() };
-                h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
-                h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                h.msg_hdr.msg_iov = iov;
-                h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
+        for h in &mut self.hdrs {
+            // The kernel writes back the address's length and the flags.
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_flags = 0;
+        }
         // SAFETY: every header points at a live iovec over a live slot of
-        // `self.bufs` and at a live address slot, all outliving the call.
+        // `self.bufs` and at a live address slot (see the struct), all
+        // outliving the call.
         let n = unsafe {
             libc::recvmmsg(
                 fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
+                self.hdrs.as_mut_ptr(),
                 BATCH as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
@@ -80,7 +91,7 @@ impl RecvBatch {
             };
         }
         let n = n as usize;
-        for (i, h) in hdrs.iter().take(n).enumerate() {
+        for (i, h) in self.hdrs.iter().take(n).enumerate() {
             self.lens[i] = (h.msg_len as usize).min(SLOT);
             self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         }
@@ -98,42 +109,43 @@ impl RecvBatch {
     }
 }
 
-/// Send `datagrams` (destination, bytes) with as few system calls as the
-/// socket buffer allows. Returns how many went; the rest were refused for
-/// want of buffer space (the transport will retransmit them, as after a loss).
-pub(crate) fn send(fd: BorrowedFd<'_>, datagrams: &[(SocketAddr, &[u8])]) -> io::Result<usize> {
+/// Send `count` datagrams, the `i`th being `datagram(i)` (destination,
+/// bytes), with as few system calls as the socket buffer allows, and no
+/// allocation (the headers live on the stack, a batch at a time). Returns
+/// how many went; the rest were refused for want of buffer space (the
+/// transport will retransmit them, as after a loss).
+pub(crate) fn send<'a>(
+    fd: BorrowedFd<'_>,
+    count: usize,
+    datagram: impl Fn(usize) -> (SocketAddr, &'a [u8]),
+) -> io::Result<usize> {
+    // SAFETY (all three): plain data; all zeroes is valid.
+    let mut addrs: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
     let mut sent = 0;
-    while sent < datagrams.len() {
-        let chunk = &datagrams[sent..datagrams.len().min(sent + BATCH)];
-        let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-            chunk.iter().map(|(to, _)| to_sockaddr(*to)).collect();
-        let mut iovs: Vec<libc::iovec> = chunk
-            .iter()
-            .map(|(_, data)| libc::iovec {
+    while sent < count {
+        let chunk = (count - sent).min(BATCH);
+        for j in 0..chunk {
+            let (to, data) = datagram(sent + j);
+            let len;
+            (addrs[j], len) = to_sockaddr(to);
+            iovs[j] = libc::iovec {
                 iov_base: data.as_ptr() as *mut libc::c_void,
                 iov_len: data.len(),
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = iovs
-            .iter_mut()
-            .zip(addrs.iter_mut())
-            .map(|(iov, (addr, len))| {
-                // SAFETY: msghdr is plain data; all zeroes is a valid empty one.
-                let mut h: libc::mmsghdr = unsafe { zeroed() };
-                h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
-                h.msg_hdr.msg_namelen = *len;
-                h.msg_hdr.msg_iov = iov;
-                h.msg_hdr.msg_iovlen = 1;
-                h
-            })
-            .collect();
+            };
+            hdrs[j].msg_hdr.msg_name = (&mut addrs[j] as *mut libc::sockaddr_storage).cast();
+            hdrs[j].msg_hdr.msg_namelen = len;
+            hdrs[j].msg_hdr.msg_iov = &mut iovs[j];
+            hdrs[j].msg_hdr.msg_iovlen = 1;
+        }
         // SAFETY: every header points at a live address and a live iovec over
         // bytes borrowed for the duration of the call; the kernel only reads them.
         let n = unsafe {
             libc::sendmmsg(
                 fd.as_raw_fd(),
                 hdrs.as_mut_ptr(),
-                hdrs.len() as libc::c_uint,
+                chunk as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
         };
@@ -144,7 +156,7 @@ pub(crate) fn send(fd: BorrowedFd<'_>, datagrams: &[(SocketAddr, &[u8])]) -> io:
                 io::ErrorKind::Interrupted => continue,
                 // An ICMP error from an earlier datagram (a peer gone) is
                 // reported here once; the datagram at the head was not sent.
-                _ if sent + 1 < datagrams.len() => {
+                _ if sent + 1 < count => {
                     sent += 1;
                     continue;
                 }
@@ -253,7 +265,7 @@ mod tests {
             let payloads: Vec<Vec<u8>> = (0..40u8).map(|i| vec![i; 100 + i as usize]).collect();
             let out: Vec<(SocketAddr, &[u8])> =
                 payloads.iter().map(|p| (to, p.as_slice())).collect();
-            assert_eq!(send(a.as_fd(), &out).unwrap(), 40);
+            assert_eq!(send(a.as_fd(), out.len(), |i| out[i]).unwrap(), 40);
             let mut rb = RecvBatch::new();
             let mut got = Vec::new();
             for _ in 0..100 {
@@ -271,7 +283,7 @@ mod tests {
             assert_eq!(got, payloads);
             // Oversized: reported, not passed on cut short.
             let big = vec![7u8; SLOT + 1];
-            assert_eq!(send(a.as_fd(), &[(to, &big)]).unwrap(), 1);
+            assert_eq!(send(a.as_fd(), 1, |_| (to, &big[..])).unwrap(), 1);
             std::thread::sleep(std::time::Duration::from_millis(5));
             assert_eq!(rb.recv(b.as_fd()).unwrap(), 1);
             assert!(rb.get(0).is_none());

@@ -1,13 +1,15 @@
 //! Allocations on the data path, counted on the program's thread: posting
 //! and polling through the C entry points, as a verbs program calls them.
 //!
-//! Polling (`ibv_poll_cq`, empty or not) allocates nothing. Posting does,
-//! not yet zero: a receive's scatter list is a `Vec` (one allocation per
-//! post), and a send runs to its packets on the caller's thread, each packet
-//! built into a fresh buffer (about six per 64-byte WRITE). The test bounds
-//! these figures, so a regression fails and an improvement shows in its
-//! output.
-
+//! Polling runs to completion: `ibv_poll_cq` on an empty queue takes in the
+//! packets that have arrived and answers them on the program's thread. The
+//! receive buffers, the send headers and the packet buffers (a pool in the
+//! NIC) are reused, so neither receiving nor sending a packet allocates.
+//! What is left, bounded here so a regression fails and an improvement
+//! shows in the output: a work request's scatter list is a `Vec` (one
+//! allocation per post), and the queue a CQ's completions wait in grows in
+//! blocks of 31 (one allocation per 31 completions, on whichever thread
+//! delivers them).
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -212,11 +214,12 @@ fn allocations_on_the_data_path() {
             "allocations on the program's thread over 500 rounds: post_send {posting}, \
              post_recv {receiving}, poll_cq {polling}"
         );
-        assert_eq!(polling, 0, "ibv_poll_cq allocated");
-        // Not yet zero (see the module's comment). Today's figures, with room
-        // for what varies with timing (the caller's thread also takes in an
-        // ACK now and then, and a queue may grow).
-        assert!(receiving <= 25 * 2, "post_recv: {receiving} allocations");
-        assert!(posting <= 500 * 8, "post_send: {posting} allocations");
+        // One allocation per 31 completions (the completion queue's blocks),
+        // with room for a block more.
+        assert!(polling <= 500 / 31 + 2, "poll_cq: {polling} allocations");
+        // One per post (the scatter list), with room for what varies with
+        // timing (a queue that grows once).
+        assert!(receiving <= 25 + 8, "post_recv: {receiving} allocations");
+        assert!(posting <= 500 + 5, "post_send: {posting} allocations");
     }
 }
