@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use rnic_verbs::AddressHandle;
 
 use crate::device::Context;
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
 use crate::sys;
 
@@ -17,15 +17,6 @@ pub(crate) struct Ah {
     pub ah: AddressHandle,
 }
 object!(Ah, sys::ibv_ah, b"rnic-ah\0");
-
-impl Ah {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_ah) -> Result<&'a Ah, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Ah>(p) }.ok_or(libc::EINVAL)
-    }
-}
 
 /// The peer an address vector names: its GID (an IPv4-mapped GID is the
 /// IPv4 address), or, without a GRH, its LID on this host (see

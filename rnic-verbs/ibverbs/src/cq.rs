@@ -42,12 +42,6 @@ unsafe impl Sync for Cq {}
 unsafe impl Send for Cq {}
 
 impl Cq {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_cq) -> Result<&'a Cq, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Cq>(p) }.ok_or(libc::EINVAL)
-    }
     fn ex(&self) -> *mut sys::ibv_cq_ex {
         self.c.get()
     }
@@ -294,7 +288,7 @@ unsafe fn create(
         None
     } else {
         // SAFETY: the program's pointer.
-        Some(unsafe { obj::<Channel>(channel) }.ok_or(libc::EINVAL)?)
+        Some(unsafe { Channel::from_c(channel)? })
     };
     let cq = match ch {
         Some(ch) => c.nic.create_cq_with_channel(cqe as usize, &ch.ch),
@@ -453,7 +447,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_channel) -> c_int {
     ffi::errno_call(|| {
         // SAFETY: the program's pointer.
-        let ch = unsafe { obj::<Channel>(channel) }.ok_or(libc::EINVAL)?;
+        let ch = unsafe { Channel::from_c(channel)? };
         if !ch.cqs.lock().is_empty() {
             return Err(libc::EBUSY);
         }
@@ -480,7 +474,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // SAFETY: the program's pointers.
         let (ch, cq_out, ctx_out) = unsafe {
             (
-                obj::<Channel>(channel).ok_or(libc::EINVAL)?,
+                Channel::from_c(channel)?,
                 ffi::out(cq)?,
                 ffi::out(cq_context)?,
             )

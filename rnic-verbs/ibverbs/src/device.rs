@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use parking_lot::Mutex;
 use rnic_verbs::{AsyncEventQueue, Device, Mtu, DEVICE_ATTR};
 
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::sys;
 
 /// One entry of `RNIC_DEVICES`.
@@ -323,15 +323,6 @@ unsafe impl Sync for Context {}
 unsafe impl Send for Context {}
 
 impl Context {
-    /// The context behind a program's pointer.
-    ///
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_context) -> Result<&'a Context, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Context>(p) }.ok_or(libc::EINVAL)
-    }
-
     /// The pointer the program knows it by.
     pub fn as_c(&self) -> *mut sys::ibv_context {
         (&self.v.context as *const sys::ibv_context).cast_mut()

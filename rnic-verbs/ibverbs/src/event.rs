@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use rnic_verbs::AsyncEvent;
 
 use crate::device::Context;
-use crate::ffi;
+use crate::ffi::{self, Object};
 use crate::sys;
 
 #[no_mangle]

@@ -66,6 +66,16 @@ pub(crate) unsafe trait Object: Sized {
         self.set_magic(0);
     }
 
+    /// The object behind the program's pointer `p`, or EINVAL if `p` is
+    /// not one of ours of this type (see [`obj`]).
+    ///
+    /// # Safety
+    /// As for [`obj`].
+    unsafe fn from_c<'a>(p: *mut Self::C) -> Result<&'a Self, i32> {
+        // SAFETY: the caller's promise.
+        unsafe { obj::<Self>(p) }.ok_or(libc::EINVAL)
+    }
+
     /// Box the object and hand out the C pointer, its magic stamped with
     /// the fork generation.
     fn into_c(mut self) -> *mut Self::C {

@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use parking_lot::Mutex;
 use rnic_verbs::{Access, MemoryRegion};
 
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
 use crate::sys;
 
@@ -22,12 +22,6 @@ pub(crate) struct Mr {
 object!(Mr, sys::ibv_mr, b"rnic-mr\0");
 
 impl Mr {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_mr) -> Result<&'a Mr, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Mr>(p) }.ok_or(libc::EINVAL)
-    }
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.c.lkey

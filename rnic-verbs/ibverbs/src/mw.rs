@@ -5,7 +5,7 @@ use std::ffi::c_int;
 
 use rnic_verbs::MemoryWindow;
 
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
 use crate::sys;
 
@@ -25,12 +25,6 @@ unsafe impl Sync for Mw {}
 unsafe impl Send for Mw {}
 
 impl Mw {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_mw) -> Result<&'a Mw, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Mw>(p) }.ok_or(libc::EINVAL)
-    }
     /// Record the R_Key a bind gave the window.
     pub fn set_rkey(&self, rkey: u32) {
         // SAFETY: see the Sync impl.

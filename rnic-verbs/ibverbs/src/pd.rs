@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use rnic_verbs::ProtectionDomain;
 
 use crate::device::Context;
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::sys;
 
 #[repr(C)]
@@ -26,12 +26,6 @@ pub(crate) fn next_handle() -> u32 {
 }
 
 impl Pd {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_pd) -> Result<&'a Pd, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Pd>(p) }.ok_or(libc::EINVAL)
-    }
     /// The context this domain belongs to.
     pub fn context(&self) -> &Context {
         // SAFETY: the context outlives its objects (a program that closes

@@ -18,7 +18,7 @@ use rnic_verbs::{
 use crate::ah::{dest_of, Ah};
 use crate::cq::Cq;
 use crate::device::Context;
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::mr::Mr;
 use crate::mw::Mw;
 use crate::pd::{next_handle, Pd};
@@ -60,12 +60,6 @@ unsafe impl Sync for Qp {}
 unsafe impl Send for Qp {}
 
 impl Qp {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_qp) -> Result<&'a Qp, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Qp>(p) }.ok_or(libc::EINVAL)
-    }
     fn ex(&self) -> *mut sys::ibv_qp_ex {
         self.c.get()
     }

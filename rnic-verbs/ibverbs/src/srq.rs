@@ -4,7 +4,7 @@ use std::ffi::c_int;
 
 use rnic_verbs::SharedReceiveQueue;
 
-use crate::ffi::{self, obj, object, Object};
+use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
 use crate::sys;
 
@@ -22,15 +22,6 @@ object!(Srq, sys::ibv_srq, b"rnic-srq");
 unsafe impl Sync for Srq {}
 // SAFETY: as above.
 unsafe impl Send for Srq {}
-
-impl Srq {
-    /// # Safety
-    /// As for `ffi::obj`.
-    pub unsafe fn from_c<'a>(p: *mut sys::ibv_srq) -> Result<&'a Srq, i32> {
-        // SAFETY: the caller's promise.
-        unsafe { obj::<Srq>(p) }.ok_or(libc::EINVAL)
-    }
-}
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(
