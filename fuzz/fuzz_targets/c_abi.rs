@@ -15,35 +15,9 @@ use std::sync::OnceLock;
 use ibverbs::sys;
 use libfuzzer_sys::fuzz_target;
 
-extern "C" {
-    fn ibv_get_device_list(n: *mut c_int) -> *mut *mut sys::ibv_device;
-    fn ibv_open_device(d: *mut sys::ibv_device) -> *mut sys::ibv_context;
-    fn ibv_free_device_list(l: *mut *mut sys::ibv_device);
-    fn ibv_alloc_pd(c: *mut sys::ibv_context) -> *mut sys::ibv_pd;
-    fn ibv_create_cq(
-        c: *mut sys::ibv_context,
-        cqe: c_int,
-        ctx: *mut std::ffi::c_void,
-        ch: *mut sys::ibv_comp_channel,
-        v: c_int,
-    ) -> *mut sys::ibv_cq;
-    fn ibv_reg_mr(
-        pd: *mut sys::ibv_pd,
-        addr: *mut std::ffi::c_void,
-        len: usize,
-        access: c_int,
-    ) -> *mut sys::ibv_mr;
-    fn ibv_create_qp(pd: *mut sys::ibv_pd, a: *mut sys::ibv_qp_init_attr) -> *mut sys::ibv_qp;
-    fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int;
-    fn ibv_modify_qp(qp: *mut sys::ibv_qp, a: *mut sys::ibv_qp_attr, mask: c_int) -> c_int;
-    fn ibv_query_qp(
-        qp: *mut sys::ibv_qp,
-        a: *mut sys::ibv_qp_attr,
-        mask: c_int,
-        init: *mut sys::ibv_qp_init_attr,
-    ) -> c_int;
-    fn ibv_query_gid(c: *mut sys::ibv_context, port: u8, i: c_int, g: *mut sys::ibv_gid) -> c_int;
-}
+#[path = "../../rnic-verbs/ibverbs/tests/common/mod.rs"]
+mod common;
+use common::*;
 
 /// The device, its region, and a connected QP (`good`, its peer beside it)
 /// that the inputs cannot reach: each input makes a QP of its own (and a
@@ -88,64 +62,16 @@ impl Input<'_> {
     }
 }
 
-unsafe fn qp(w: &World, caps: sys::ibv_qp_cap, qp_type: u32) -> *mut sys::ibv_qp {
-    // SAFETY: plain data.
-    let mut ia: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    ia.send_cq = w.cq;
-    ia.recv_cq = w.cq;
-    ia.qp_type = qp_type;
-    ia.cap = caps;
-    // SAFETY: the harness's own objects.
-    unsafe { ibv_create_qp(w.pd, &mut ia) }
-}
+/// The QPs of this target connect like this.
+const HOW: Connect = Connect {
+    access: sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ,
+    timeout: 10,
+    retry: 2,
+};
 
-/// INIT, RTR, RTS toward `dest` on the same device.
-unsafe fn connect(w: &World, qp: *mut sys::ibv_qp, dest: u32) -> bool {
-    // SAFETY: plain data, and the harness's QP.
-    unsafe {
-        let mut a: sys::ibv_qp_attr = std::mem::zeroed();
-        a.qp_state = sys::IBV_QPS_INIT;
-        a.port_num = 1;
-        a.qp_access_flags = sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ;
-        let m = sys::IBV_QP_STATE
-            | sys::IBV_QP_PKEY_INDEX
-            | sys::IBV_QP_PORT
-            | sys::IBV_QP_ACCESS_FLAGS;
-        if ibv_modify_qp(qp, &mut a, m as c_int) != 0 {
-            return false;
-        }
-        a.qp_state = sys::IBV_QPS_RTR;
-        a.path_mtu = sys::IBV_MTU_1024;
-        a.dest_qp_num = dest;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 1;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.port_num = 1;
-        a.ah_attr.grh.dgid = w.gid;
-        a.ah_attr.grh.hop_limit = 64;
-        let m = sys::IBV_QP_STATE
-            | sys::IBV_QP_AV
-            | sys::IBV_QP_PATH_MTU
-            | sys::IBV_QP_DEST_QPN
-            | sys::IBV_QP_RQ_PSN
-            | sys::IBV_QP_MAX_DEST_RD_ATOMIC
-            | sys::IBV_QP_MIN_RNR_TIMER;
-        if ibv_modify_qp(qp, &mut a, m as c_int) != 0 {
-            return false;
-        }
-        a.qp_state = sys::IBV_QPS_RTS;
-        a.timeout = 10;
-        a.retry_cnt = 2;
-        a.rnr_retry = 2;
-        a.max_rd_atomic = 1;
-        let m = sys::IBV_QP_STATE
-            | sys::IBV_QP_TIMEOUT
-            | sys::IBV_QP_RETRY_CNT
-            | sys::IBV_QP_RNR_RETRY
-            | sys::IBV_QP_SQ_PSN
-            | sys::IBV_QP_MAX_QP_RD_ATOMIC;
-        ibv_modify_qp(qp, &mut a, m as c_int) == 0
-    }
+unsafe fn qp(w: &World, caps: sys::ibv_qp_cap, qp_type: u32) -> *mut sys::ibv_qp {
+    // SAFETY: the harness's own objects.
+    unsafe { create_qp(w.pd, w.cq, caps, qp_type) }
 }
 
 fn world() -> &'static World {
@@ -188,7 +114,7 @@ fn world() -> &'static World {
                 max_inline_data: 256,
             };
             let (g, h) = (qp(&w, caps, sys::IBV_QPT_RC), qp(&w, caps, sys::IBV_QPT_RC));
-            assert!(connect(&w, g, (*h).qp_num) && connect(&w, h, (*g).qp_num));
+            assert!(connect(g, (*h).qp_num, gid, HOW) && connect(h, (*g).qp_num, gid, HOW));
             w.good = g;
             w
         }
@@ -299,8 +225,8 @@ fuzz_target!(|data: &[u8]| {
         let peer = qp(w, rc, sys::IBV_QPT_RC);
         assert!(!peer.is_null());
         if input.u8() & 1 == 1 {
-            connect(w, victim, (*peer).qp_num);
-            connect(w, peer, (*victim).qp_num);
+            connect(victim, (*peer).qp_num, w.gid, HOW);
+            connect(peer, (*victim).qp_num, w.gid, HOW);
         }
         let post_send = (*w.ctx).ops.post_send.unwrap();
         let post_recv = (*w.ctx).ops.post_recv.unwrap();

@@ -17,6 +17,9 @@ use std::ptr::null_mut;
 
 use ibverbs::sys;
 
+mod common;
+use common::*;
+
 struct Counting;
 
 thread_local! {
@@ -49,85 +52,26 @@ fn allocs() -> u64 {
     ALLOCS.with(Cell::get)
 }
 
-extern "C" {
-    fn ibv_get_device_list(n: *mut c_int) -> *mut *mut sys::ibv_device;
-    fn ibv_open_device(d: *mut sys::ibv_device) -> *mut sys::ibv_context;
-    fn ibv_alloc_pd(c: *mut sys::ibv_context) -> *mut sys::ibv_pd;
-    fn ibv_create_cq(
-        c: *mut sys::ibv_context,
-        cqe: c_int,
-        ctx: *mut std::ffi::c_void,
-        ch: *mut sys::ibv_comp_channel,
-        v: c_int,
-    ) -> *mut sys::ibv_cq;
-    fn ibv_reg_mr(
-        pd: *mut sys::ibv_pd,
-        addr: *mut std::ffi::c_void,
-        len: usize,
-        access: c_int,
-    ) -> *mut sys::ibv_mr;
-    fn ibv_create_qp(pd: *mut sys::ibv_pd, a: *mut sys::ibv_qp_init_attr) -> *mut sys::ibv_qp;
-    fn ibv_modify_qp(qp: *mut sys::ibv_qp, a: *mut sys::ibv_qp_attr, mask: c_int) -> c_int;
-    fn ibv_query_gid(c: *mut sys::ibv_context, port: u8, i: c_int, g: *mut sys::ibv_gid) -> c_int;
-}
+/// Two RC queue pairs of this test connect like this.
+const HOW: common::Connect = common::Connect {
+    access: sys::IBV_ACCESS_REMOTE_WRITE,
+    timeout: 14,
+    retry: 7,
+};
 
+/// An RC queue pair with room for 64 requests each way, one SGE each.
 unsafe fn rc_qp(pd: *mut sys::ibv_pd, cq: *mut sys::ibv_cq) -> *mut sys::ibv_qp {
-    // SAFETY: plain data.
-    let mut ia: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = sys::IBV_QPT_RC;
-    ia.cap.max_send_wr = 64;
-    ia.cap.max_recv_wr = 64;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
+    let caps = sys::ibv_qp_cap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
     // SAFETY: the test's own objects.
-    let qp = unsafe { ibv_create_qp(pd, &mut ia) };
+    let qp = unsafe { create_qp(pd, cq, caps, sys::IBV_QPT_RC) };
     assert!(!qp.is_null());
     qp
-}
-
-unsafe fn connect(qp: *mut sys::ibv_qp, dest: u32, gid: sys::ibv_gid) {
-    // SAFETY: plain data.
-    let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
-    a.qp_state = sys::IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = sys::IBV_ACCESS_REMOTE_WRITE;
-    let m =
-        sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_ACCESS_FLAGS;
-    // SAFETY: the test's QP.
-    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, m as c_int) }, 0);
-    a.qp_state = sys::IBV_QPS_RTR;
-    a.path_mtu = sys::IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 64;
-    let m = sys::IBV_QP_STATE
-        | sys::IBV_QP_AV
-        | sys::IBV_QP_PATH_MTU
-        | sys::IBV_QP_DEST_QPN
-        | sys::IBV_QP_RQ_PSN
-        | sys::IBV_QP_MAX_DEST_RD_ATOMIC
-        | sys::IBV_QP_MIN_RNR_TIMER;
-    // SAFETY: as above.
-    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, m as c_int) }, 0);
-    a.qp_state = sys::IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    let m = sys::IBV_QP_STATE
-        | sys::IBV_QP_TIMEOUT
-        | sys::IBV_QP_RETRY_CNT
-        | sys::IBV_QP_RNR_RETRY
-        | sys::IBV_QP_SQ_PSN
-        | sys::IBV_QP_MAX_QP_RD_ATOMIC;
-    // SAFETY: as above.
-    assert_eq!(unsafe { ibv_modify_qp(qp, &mut a, m as c_int) }, 0);
 }
 
 #[test]
@@ -156,8 +100,8 @@ fn allocations_on_the_data_path() {
         let mut gid: sys::ibv_gid = std::mem::zeroed();
         assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
         let (a, b) = (rc_qp(pd, cq), rc_qp(pd, cq));
-        connect(a, (*b).qp_num, gid);
-        connect(b, (*a).qp_num, gid);
+        assert!(connect(a, (*b).qp_num, gid, HOW));
+        assert!(connect(b, (*a).qp_num, gid, HOW));
 
         let mut sge = sys::ibv_sge {
             addr: buf.as_ptr() as u64,
