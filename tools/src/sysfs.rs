@@ -136,7 +136,7 @@ fn write_device(d: &Dev<'_>) -> std::io::Result<()> {
     put(&port.join("state"), "4: ACTIVE")?;
     put(&port.join("phys_state"), "5: LinkUp")?;
     put(&port.join("link_layer"), "Ethernet")?;
-    put(&port.join("rate"), "100 Gb/sec (4X EDR)")?;
+    put(&port.join("rate"), ibverbs::PORT_LINK.rate)?;
     put(&port.join("lid"), "0x0")?;
     put(&port.join("sm_lid"), "0x0")?;
     put(&port.join("lid_mask_count"), "0")?;

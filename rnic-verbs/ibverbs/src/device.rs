@@ -19,6 +19,23 @@ use rnic_verbs::{AsyncEventQueue, Device, Mtu, DEVICE_ATTR};
 use crate::ffi::{self, object, Object};
 use crate::sys;
 
+/// The port's link: what `ibv_query_port` reports and sysfs shows.
+pub struct PortLink {
+    /// `active_width`: 2 is 4X.
+    pub width: u8,
+    /// `active_speed`: 32 is EDR, 25 Gb/s per lane.
+    pub speed: u8,
+    /// The same, as `/sys/class/infiniband/*/ports/1/rate` reads.
+    pub rate: &'static str,
+}
+
+/// 4X EDR, as rdma_rxe reports.
+pub const PORT_LINK: PortLink = PortLink {
+    width: 2,
+    speed: 32,
+    rate: "100 Gb/sec (4X EDR)",
+};
+
 /// One entry of `RNIC_DEVICES`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceSpec {
@@ -590,8 +607,8 @@ fn port_attr(ctx: &Context) -> sys::ibv_port_attr {
     a.pkey_tbl_len = 1;
     a.lid = ctx.lid();
     a.max_vl_num = 1;
-    a.active_width = 2; // 4X
-    a.active_speed = 32; // 25 Gb/s per lane, as rdma_rxe reports
+    a.active_width = PORT_LINK.width;
+    a.active_speed = PORT_LINK.speed;
     a.phys_state = 5; // LinkUp
     a.link_layer = sys::IBV_LINK_LAYER_ETHERNET as u8;
     a

@@ -40,7 +40,7 @@ mod stubs {
     include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
 }
 
-pub use device::{guid_of, netdev_of, parse_devices, DeviceSpec};
+pub use device::{guid_of, netdev_of, parse_devices, DeviceSpec, PortLink, PORT_LINK};
 
 /// Say once per function, on stderr, that a program called something rnic
 /// does not provide.
