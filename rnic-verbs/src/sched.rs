@@ -31,17 +31,19 @@ pub(crate) enum Priority {
 impl Priority {
     /// `RNIC_ENGINE_PRIORITY` (`realtime`, the default, or `normal`).
     pub fn from_env() -> Result<Priority, Error> {
-        match std::env::var("RNIC_ENGINE_PRIORITY") {
-            Err(_) => Ok(Priority::Realtime),
-            Ok(v) => match v.as_str() {
-                "realtime" | "" => Ok(Priority::Realtime),
-                "normal" => Ok(Priority::Normal),
-                _ => Err(Error::BadEnv {
-                    var: "RNIC_ENGINE_PRIORITY".into(),
-                    value: v,
-                    expected: "realtime or normal",
-                }),
-            },
+        Priority::parse(std::env::var("RNIC_ENGINE_PRIORITY").ok().as_deref())
+    }
+
+    /// The variable's value, if set.
+    fn parse(value: Option<&str>) -> Result<Priority, Error> {
+        match value {
+            None | Some("realtime" | "") => Ok(Priority::Realtime),
+            Some("normal") => Ok(Priority::Normal),
+            Some(v) => Err(Error::BadEnv {
+                var: "RNIC_ENGINE_PRIORITY".into(),
+                value: v.into(),
+                expected: "realtime or normal",
+            }),
         }
     }
 }
@@ -55,4 +57,42 @@ pub(crate) fn apply(p: Priority) -> bool {
     // SAFETY: sched_setscheduler on the calling thread (pid 0) reads a
     // valid sched_param; refused without the privilege, changing nothing.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_variable_is_parsed_and_a_bad_value_named() {
+        assert_eq!(Priority::parse(None).unwrap(), Priority::Realtime);
+        assert_eq!(Priority::parse(Some("")).unwrap(), Priority::Realtime);
+        assert_eq!(
+            Priority::parse(Some("realtime")).unwrap(),
+            Priority::Realtime
+        );
+        assert_eq!(Priority::parse(Some("normal")).unwrap(), Priority::Normal);
+        let e = Priority::parse(Some("fast")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "RNIC_ENGINE_PRIORITY=\"fast\": expected realtime or normal"
+        );
+    }
+
+    /// Normal changes nothing; real time is taken where permitted and
+    /// refused, changing nothing, where not.
+    #[test]
+    fn normal_leaves_the_thread_alone() {
+        std::thread::spawn(|| {
+            assert!(!apply(Priority::Normal));
+            // SAFETY: reads the calling thread's policy.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+            let rt = apply(Priority::Realtime);
+            // SAFETY: as above.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            assert_eq!(rt, policy == libc::SCHED_FIFO);
+        })
+        .join()
+        .unwrap();
+    }
 }
