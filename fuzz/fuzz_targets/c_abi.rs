@@ -272,7 +272,7 @@ fuzz_target!(|data: &[u8]| {
                     let mut bad = null_mut();
                     let r = post_send(victim, &mut wr, &mut bad);
                     assert!(r >= 0, "post_send returned {r}");
-                    assert!(r == 0 || bad == &mut wr as *mut _, "bad_wr not set");
+                    assert!(r == 0 || std::ptr::eq(bad, &wr), "bad_wr not set");
                 }
                 1 => {
                     let n = usize::from(input.u8() % 9);
@@ -292,7 +292,7 @@ fuzz_target!(|data: &[u8]| {
                     let mut bad = null_mut();
                     let r = post_recv(victim, &mut wr, &mut bad);
                     assert!(r >= 0, "post_recv returned {r}");
-                    assert!(r == 0 || bad == &mut wr as *mut _, "bad_wr not set");
+                    assert!(r == 0 || std::ptr::eq(bad, &wr), "bad_wr not set");
                 }
                 // An attribute struct and mask, every byte the fuzzer's.
                 2 => {

@@ -18,7 +18,7 @@ use std::time::Instant;
 use rnic_core::mem::Access;
 use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::time::Time;
-use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge};
+use rnic_core::wr::{sg_list, RecvWr, SendOp, SendWr, Sge};
 use rnic_core::{Nic, QpCaps};
 
 struct Setup {
@@ -98,7 +98,7 @@ fn run(send: bool, size: u32, n: u64) -> f64 {
                         s.qpn[1],
                         RecvWr {
                             wr_id,
-                            sg_list: vec![Sge {
+                            sg_list: sg_list![Sge {
                                 addr: 0x10000,
                                 length: size,
                                 lkey: s.lkey[1],
@@ -119,7 +119,7 @@ fn run(send: bool, size: u32, n: u64) -> f64 {
             let wr = SendWr {
                 wr_id,
                 op,
-                sg_list: vec![Sge {
+                sg_list: sg_list![Sge {
                     addr: 0x10000,
                     length: size,
                     lkey: s.lkey[0],

@@ -24,7 +24,7 @@ use crate::mem::Access;
 use crate::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use crate::sim::Datagram;
 use crate::time::Time;
-use crate::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
+use crate::wr::{sg_list, InlineData, RecvWr, SendOp, SendWr, Sge, UdDest};
 use crate::{Nic, QpCaps};
 
 const IOVA: u64 = 0x10_0000;
@@ -203,7 +203,7 @@ fn work_request(input: &mut Input<'_>, s: &Side, peer_rkey: u32, id: u64) -> Sen
     SendWr {
         wr_id: id,
         op,
-        sg_list: vec![Sge {
+        sg_list: sg_list![Sge {
             addr: IOVA + off,
             length: if atomic { 8 } else { len },
             lkey: if kind & 0x20 == 0 { s.lkey } else { s.lkey ^ 1 },
@@ -211,7 +211,7 @@ fn work_request(input: &mut Input<'_>, s: &Side, peer_rkey: u32, id: u64) -> Sen
         signaled: kind & 0x10 == 0,
         solicited: false,
         fence: kind & 0x08 != 0,
-        inline: (kind & 0x04 != 0).then(|| vec![9; usize::from(input.byte())]),
+        inline: (kind & 0x04 != 0).then(|| InlineData::from_elem(9, usize::from(input.byte()))),
     }
 }
 
@@ -312,7 +312,7 @@ pub fn run(data: &[u8]) {
                 let me = if (s >> 4) & 1 == 1 { &mut a } else { &mut b };
                 let wr = RecvWr {
                     wr_id: id,
-                    sg_list: vec![Sge {
+                    sg_list: sg_list![Sge {
                         addr: IOVA,
                         length: len,
                         lkey: me.lkey,

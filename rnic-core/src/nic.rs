@@ -237,7 +237,7 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_qp_rd_atom: 128,
     max_qp_init_rd_atom: 128,
     max_msg_sz: 1 << 31,
-    max_inline_data: 256,
+    max_inline_data: crate::wr::MAX_INLINE_DATA as u32,
 };
 
 /// No more scatter/gather entries than the queue takes.
@@ -315,6 +315,12 @@ impl QpTable {
 
 /// How many packet buffers the NIC keeps for reuse.
 pub const POOL: usize = 256;
+
+/// The room every packet buffer is made with: the largest payload and the
+/// largest headers (BTH, an extended header or two, pad and ICRC come to
+/// under 64 bytes). A buffer reused for any packet never has to grow, so
+/// which packet a recycled buffer served before does not matter.
+pub const PACKET_CAPACITY: usize = rnic_wire::ib::MAX_PAYLOAD + 64;
 
 /// A software RoCE v2 NIC.
 pub struct Nic {
@@ -1096,7 +1102,7 @@ impl Nic {
     /// Hand back a sent datagram's buffer for the NIC to build a later
     /// packet in (at most [`POOL`] are kept).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.pool.len() < POOL {
+        if self.pool.len() < POOL && buf.capacity() >= PACKET_CAPACITY {
             self.pool.push(buf);
         }
     }

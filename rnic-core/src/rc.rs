@@ -5,6 +5,7 @@ use core::net::IpAddr;
 use std::collections::VecDeque;
 
 use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
+use smallvec::SmallVec;
 
 use crate::cq::{Cq, CqHandle};
 use crate::mem::{Access, MemError, Memory, PdHandle};
@@ -487,7 +488,10 @@ impl Qp {
         ib: &IbRepr,
         payload: &[u8],
     ) -> Option<Datagram> {
-        let mut buf = ctx.pool.pop().unwrap_or_default();
+        let mut buf = ctx
+            .pool
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(crate::nic::PACKET_CAPACITY));
         buf.clear();
         buf.resize(ib.buffer_len(), 0);
         if ib.emit(&mut buf, payload).is_err() {
@@ -672,7 +676,8 @@ pub(crate) fn scatter(
     offset: u64,
     data: &[u8],
 ) -> Result<(), MemError> {
-    let mut spans = Vec::new();
+    // As many spans as SGEs touched; a list that fits in a request fits here.
+    let mut spans: SmallVec<[_; 4]> = SmallVec::new();
     let mut off = offset;
     let mut done = 0usize;
     for sge in sgl {

@@ -317,8 +317,7 @@ impl Qp {
             return Err(Refusal::BadReceive(WcStatus::LocLenErr));
         }
         let pd = self.pd;
-        let sgl = recv.sg_list.clone();
-        scatter(ctx.mem, pd, &sgl, *offset, payload)
+        scatter(ctx.mem, pd, &recv.sg_list, *offset, payload)
             .map_err(|_| Refusal::BadReceive(WcStatus::LocProtErr))?;
         *offset += payload.len() as u64;
         if ctx.exec_log.is_some() {

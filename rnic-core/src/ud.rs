@@ -22,17 +22,24 @@ impl Qp {
             Some(data) => data.len(),
             None => sg_len(&wr.sg_list) as usize,
         };
-        let mut payload = vec![0u8; len];
-        let gathered = |payload: &mut [u8], ctx: &mut Ctx<'_>| match &wr.inline {
+        // Gathered into the QP's scratch buffer, which stays as large as the
+        // largest datagram sent: no allocation per send once warm.
+        let mut payload = std::mem::take(&mut self.scratch);
+        payload.clear();
+        let pd = self.pd;
+        let mut gathered = |ctx: &mut Ctx<'_>| match &wr.inline {
             Some(data) => {
-                payload.copy_from_slice(data);
+                payload.extend_from_slice(data);
                 Ok(())
             }
-            None => gather(ctx.mem, self.pd, &wr.sg_list, 0, payload),
+            None => {
+                payload.resize(len, 0);
+                gather(ctx.mem, pd, &wr.sg_list, 0, &mut payload)
+            }
         };
         let status = if len > MAX_PAYLOAD {
             WcStatus::LocLenErr
-        } else if gathered(&mut payload, ctx).is_err() {
+        } else if gathered(ctx).is_err() {
             WcStatus::LocProtErr
         } else {
             let opcode = if imm.is_some() {
@@ -61,6 +68,7 @@ impl Qp {
             self.transmit_to(ctx, to.dest, &ib, &payload);
             WcStatus::Success
         };
+        self.scratch = payload;
         if status != WcStatus::Success || wr.signaled {
             ctx.complete(
                 self.send_cq,
@@ -106,11 +114,15 @@ impl Qp {
             return;
         };
         let payload = pkt.payload();
-        let mut data = vec![0u8; GRH_LEN + payload.len()];
+        // The GRH area and the payload, as they land, built in the QP's
+        // scratch buffer (no allocation per datagram once warm).
+        let mut data = std::mem::take(&mut self.scratch);
+        data.clear();
+        data.resize(GRH_LEN, 0);
         // The IB packet as it arrived, ImmDt, pad and ICRC included.
         let ib_len = pkt.covered().len() + 4;
         grh_area(&mut data[..GRH_LEN], src, dst, ib_len);
-        data[GRH_LEN..].copy_from_slice(payload);
+        data.extend_from_slice(payload);
         let status = if data.len() as u64 > sg_len(&recv.sg_list) {
             WcStatus::LocLenErr
         } else if scatter(ctx.mem, self.pd, &recv.sg_list, 0, &data).is_err() {
@@ -132,6 +144,7 @@ impl Qp {
                 ..self.recv_completion(recv.wr_id, status)
             },
         );
+        self.scratch = data;
     }
 }
 

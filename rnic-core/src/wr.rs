@@ -3,7 +3,26 @@
 
 use core::fmt;
 
+use smallvec::SmallVec;
+
 use crate::mem::MwBind;
+
+/// Builds an [`SgList`] or [`InlineData`] as `vec!` builds a `Vec`.
+pub use smallvec::smallvec as sg_list;
+
+/// The scatter/gather list of one work request. Up to four elements live in
+/// the request itself (verbs programs post one or two), so posting one
+/// allocates nothing; a longer list, up to `max_sge`, spills to the heap.
+pub type SgList = SmallVec<[Sge; 4]>;
+
+/// The most inline bytes a send may carry (`DEVICE_ATTR.max_inline_data`).
+pub const MAX_INLINE_DATA: usize = 256;
+
+/// IBV_SEND_INLINE bytes, held in the request itself as a NIC's send queue
+/// entry holds them (rdma_rxe's WQE carries its inline data too): up to
+/// [`MAX_INLINE_DATA`] bytes without allocating. The length is still checked
+/// at post, so a longer buffer is refused, not truncated.
+pub type InlineData = SmallVec<[u8; MAX_INLINE_DATA]>;
 
 /// A scatter/gather element: `length` bytes at `addr` in the region of `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -151,7 +170,7 @@ pub struct SendWr {
     /// The operation.
     pub op: SendOp,
     /// Local buffers: gathered from for SEND/WRITE, scattered to for READ and atomics.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// IBV_SEND_SIGNALED: produce a completion on success.
     pub signaled: bool,
     /// IBV_SEND_SOLICITED: set SE on the last packet.
@@ -164,7 +183,7 @@ pub struct SendWr {
     /// gathering `sg_list` (which is then ignored): no memory region is needed
     /// and the buffer is free again as soon as the post returns. SEND and
     /// WRITE only, at most `DEVICE_ATTR.max_inline_data` bytes.
-    pub inline: Option<Vec<u8>>,
+    pub inline: Option<InlineData>,
 }
 
 /// Where a UD send goes (`ibv_send_wr.wr.ud`: the address handle, the remote
@@ -190,7 +209,7 @@ pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
     /// Where an incoming SEND's payload goes.
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// Completion status (`ibv_wc_status`).

@@ -12,6 +12,7 @@ use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::sim::Datagram;
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
+pub use rnic_core::wr::{sg_list, SgList};
 use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use rnic_core::QpCaps;
 use rnic_wire::pcap::PcapReader;
@@ -142,21 +143,21 @@ impl Pair {
         Pair { c, a, b }
     }
 
-    pub fn sge_a(&self, offset: u64, len: u32) -> Vec<Sge> {
-        vec![Sge {
+    pub fn sge_a(&self, offset: u64, len: u32) -> SgList {
+        sg_list![Sge {
             addr: A_IOVA + offset,
             length: len,
             lkey: self.a.mr.lkey,
         }]
     }
 
-    pub fn post(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>) {
+    pub fn post(&mut self, wr_id: u64, op: SendOp, sg_list: SgList) {
         self.post_fenced(wr_id, op, sg_list, false);
     }
 
     /// Post a WRITE (no immediate) of A's `sg_list` to `remote_addr`
     /// through B's region R_Key.
-    pub fn post_write_to_b(&mut self, wr_id: u64, remote_addr: u64, sg_list: Vec<Sge>) {
+    pub fn post_write_to_b(&mut self, wr_id: u64, remote_addr: u64, sg_list: SgList) {
         let rkey = self.b.mr.rkey;
         let op = SendOp::Write {
             remote_addr,
@@ -166,19 +167,12 @@ impl Pair {
         self.post(wr_id, op, sg_list);
     }
 
-    pub fn post_fenced(&mut self, wr_id: u64, op: SendOp, sg_list: Vec<Sge>, fence: bool) {
+    pub fn post_fenced(&mut self, wr_id: u64, op: SendOp, sg_list: SgList, fence: bool) {
         self.post_signaled(0, wr_id, op, sg_list, fence);
     }
 
     /// Post a signaled work request on side `side`'s QP (0 = A, 1 = B).
-    fn post_signaled(
-        &mut self,
-        side: usize,
-        wr_id: u64,
-        op: SendOp,
-        sg_list: Vec<Sge>,
-        fence: bool,
-    ) {
+    fn post_signaled(&mut self, side: usize, wr_id: u64, op: SendOp, sg_list: SgList, fence: bool) {
         let now = self.c.now;
         let qpn = [self.a.qpn, self.b.qpn][side];
         self.c.nics[side]
@@ -200,7 +194,7 @@ impl Pair {
 
     pub fn recv_b(&mut self, wr_id: u64, offset: u64, len: u32) {
         let now = self.c.now;
-        let sg_list = vec![Sge {
+        let sg_list = sg_list![Sge {
             addr: B_IOVA + offset,
             length: len,
             lkey: self.b.mr.lkey,
@@ -333,7 +327,7 @@ pub fn pair(seed: u64, params: &Params) -> (Pair, IpAddr, IpAddr) {
 
 /// Post a work request without local buffers on B's QP.
 pub fn post_b(p: &mut Pair, wr_id: u64, op: SendOp) {
-    p.post_signaled(1, wr_id, op, Vec::new(), false);
+    p.post_signaled(1, wr_id, op, SgList::new(), false);
 }
 
 /// Allocate a window on B and bind it to B's QP over 256 bytes at B_IOVA + 4096.

@@ -36,7 +36,7 @@ fn atomic_write(p: &mut Pair, wr_id: u64, remote_addr: u64, rkey: u32, data: [u8
             rkey,
             data,
         },
-        Vec::new(),
+        SgList::new(),
     );
 }
 
@@ -136,7 +136,7 @@ fn flush(p: &mut Pair, wr_id: u64, rkey: u32, placement: u8, whole_region: bool)
             placement,
             whole_region,
         },
-        Vec::new(),
+        SgList::new(),
     );
 }
 

@@ -11,7 +11,7 @@ use common::*;
 use rnic_core::qp::{AttrMask, QpState};
 use rnic_core::sim::{Datagram, DropRule};
 use rnic_core::time::Time;
-use rnic_core::wr::{SendOp, SendWr, WcStatus};
+use rnic_core::wr::{InlineData, SendOp, SendWr, WcStatus};
 use rnic_core::Nic;
 use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{bth, deth, reth, xrceth, IbPacket, IbRepr, Opcode};
@@ -58,7 +58,7 @@ fn rnr_nak_then_ack_of_the_same_request(inline: bool) {
         p.sge_a(0, 3000),
     );
     let now = p.c.now;
-    let sg_list = if inline { vec![] } else { p.sge_a(0, 8) };
+    let sg_list = if inline { SgList::new() } else { p.sge_a(0, 8) };
     p.c.nics[0]
         .post_send(
             now,
@@ -74,7 +74,7 @@ fn rnr_nak_then_ack_of_the_same_request(inline: bool) {
                 signaled: true,
                 solicited: false,
                 fence: false,
-                inline: inline.then(|| data[..8].to_vec()),
+                inline: inline.then(|| InlineData::from_slice(&data[..8])),
             },
         )
         .unwrap();
@@ -308,7 +308,7 @@ fn a_receive_with_a_bad_lkey_is_a_protection_error() {
     let now = p.c.now;
     let bad = rnic_core::wr::RecvWr {
         wr_id: 7,
-        sg_list: vec![rnic_core::wr::Sge {
+        sg_list: sg_list![rnic_core::wr::Sge {
             addr: B_IOVA,
             length: 64,
             lkey: p.b.mr.lkey ^ 0x100,
@@ -664,7 +664,7 @@ fn sqd_finishes_what_was_begun_resends_a_loss_and_then_reports_drained() {
             rkey: dst.rkey,
             imm: None,
         },
-        vec![sge],
+        sg_list![sge],
     );
     p.post_write_to_b(2, B_IOVA, p.sge_a(0, 8));
     let now = p.c.now;
@@ -766,7 +766,7 @@ fn a_read_of_two_to_the_23_packets_is_refused_at_post() {
             remote_addr: B_IOVA,
             rkey,
         },
-        sg_list: vec![rnic_core::wr::Sge {
+        sg_list: sg_list![rnic_core::wr::Sge {
             addr: A_IOVA,
             length: len,
             lkey,

@@ -256,7 +256,7 @@ fn check(
                         rkey,
                         data,
                     },
-                    Vec::new(),
+                    SgList::new(),
                     read_before,
                 );
                 model[dst as usize..dst as usize + 8].copy_from_slice(&data);
@@ -272,7 +272,7 @@ fn check(
                         placement: 1,
                         whole_region: false,
                     },
-                    Vec::new(),
+                    SgList::new(),
                 );
                 expect.push(None);
             }

@@ -21,7 +21,7 @@ use proptest::prelude::*;
 use rnic_core::mem::Access;
 use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
-use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge, WcStatus};
+use rnic_core::wr::{RecvWr, SendOp, SendWr, SgList, Sge, WcStatus};
 use rnic_core::{ExecKind, QpCaps};
 
 const A_IOVA: u64 = 0x1_0000_0000;
@@ -114,7 +114,7 @@ fn extent(l: &[(u64, u32)]) -> u64 {
     l.last().map_or(0, |&(a, n)| a + u64::from(n)) - l.first().map_or(0, |&(a, _)| a)
 }
 
-fn sges(l: &[(u64, u32)], iova: u64, lkey: u32) -> Vec<Sge> {
+fn sges(l: &[(u64, u32)], iova: u64, lkey: u32) -> SgList {
     l.iter()
         .map(|&(a, n)| Sge {
             addr: iova + a,
@@ -270,7 +270,7 @@ fn check(
             None
         };
         let src_layout = layout(at, len, op.pieces, op.gap);
-        let (sop, sg, result): (SendOp, Vec<Sge>, Option<Landing>) = match &op.kind {
+        let (sop, sg, result): (SendOp, SgList, Option<Landing>) = match &op.kind {
             Kind::Write => {
                 // The source in A, the target in B, both at `at`.
                 let data = gather(&a_init, &src_layout);
@@ -356,7 +356,7 @@ fn check(
                         rkey: keys[1].rkey,
                         data: *data,
                     },
-                    Vec::new(),
+                    SgList::new(),
                     None,
                 )
             }

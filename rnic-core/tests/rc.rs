@@ -7,7 +7,7 @@ use std::time::Duration;
 use common::*;
 use rnic_core::mem::Access;
 use rnic_core::sim::LinkConfig;
-use rnic_core::wr::{SendOp, WcOpcode, WcStatus};
+use rnic_core::wr::{InlineData, SendOp, WcOpcode, WcStatus};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
@@ -373,11 +373,11 @@ fn inline_data_needs_no_memory_region_and_survives_retransmission() {
         let wr = rnic_core::wr::SendWr {
             wr_id: id,
             op,
-            sg_list: vec![], // ignored: the bytes travel with the request
+            sg_list: SgList::new(), // ignored: the bytes travel with the request
             signaled: true,
             solicited: false,
             fence: false,
-            inline: Some(msg.clone()),
+            inline: Some(InlineData::from_slice(&msg)),
         };
         p.c.nics[0].post_send(now, qpn, wr).unwrap();
     }
@@ -407,7 +407,7 @@ fn inline_data_needs_no_memory_region_and_survives_retransmission() {
             signaled: true,
             solicited: false,
             fence: false,
-            inline: Some(vec![0; len]),
+            inline: Some(InlineData::from_elem(0, len)),
         };
         let now = p.c.now;
         assert!(matches!(
@@ -444,7 +444,7 @@ fn a_message_longer_than_the_in_flight_window_asks_for_acks_on_the_way() {
             rkey: dst.rkey,
             imm: None,
         },
-        vec![rnic_core::wr::Sge {
+        sg_list![rnic_core::wr::Sge {
             addr: 0x7_0000_0000,
             length: len as u32,
             lkey: src.lkey,

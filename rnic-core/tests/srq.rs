@@ -9,13 +9,13 @@ use rnic_core::mem::Access;
 use rnic_core::qp::{AddressVector, QpAttr, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::srq::AsyncEvent;
-use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge, WcStatus};
+use rnic_core::wr::{sg_list, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use rnic_core::{QpCaps, VerbError};
 
 fn recv(id: u64, lkey: u32) -> RecvWr {
     RecvWr {
         wr_id: id,
-        sg_list: vec![Sge {
+        sg_list: sg_list![Sge {
             addr: 0x1000 + id * 256,
             length: 256,
             lkey,
@@ -87,7 +87,7 @@ fn two_qps_share_one_receive_queue() {
         let wr = SendWr {
             wr_id: id,
             op: SendOp::Send { imm: None },
-            sg_list: vec![Sge {
+            sg_list: sg_list![Sge {
                 addr: 0x1000,
                 length: 64,
                 lkey: keys[0],

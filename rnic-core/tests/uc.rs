@@ -204,7 +204,7 @@ fn a_local_error_stops_the_send_queue_only_until_rts_again() {
                     rkey: rkey_a,
                     imm: None,
                 },
-                sg_list: vec![Sge {
+                sg_list: sg_list![Sge {
                     addr: B_IOVA,
                     length: 8,
                     lkey: b_lkey,

@@ -7,7 +7,7 @@ use core::net::IpAddr;
 use rnic_core::mem::Access;
 use rnic_core::qp::{AttrMask, QpAttr, QpState, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
-use rnic_core::wr::{RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, GRH_LEN};
+use rnic_core::wr::{sg_list, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, GRH_LEN};
 use rnic_core::{QpCaps, VerbError};
 use rnic_wire::encap::ipv4;
 
@@ -51,7 +51,7 @@ fn send(
     let wr = SendWr {
         wr_id: 1,
         op: SendOp::Send { imm },
-        sg_list: vec![Sge {
+        sg_list: sg_list![Sge {
             addr: 0x1000,
             length: len,
             lkey: from.lkey,
@@ -67,7 +67,7 @@ fn send(
 
 /// A 2 KiB receive at the start of `to`'s region.
 fn post_recv(c: &mut Cluster, to: &Node, wr_id: u64) {
-    let sg_list = vec![Sge {
+    let sg_list = sg_list![Sge {
         addr: 0x1000,
         length: 2048,
         lkey: to.lkey,
@@ -249,7 +249,7 @@ fn ud_rules() {
             remote_addr: 0,
             rkey: 0,
         },
-        sg_list: vec![],
+        sg_list: sg_list![],
         signaled: true,
         solicited: false,
         fence: false,

@@ -10,7 +10,7 @@ use rnic_verbs::*;
 
 const T: Duration = Duration::from_secs(5);
 
-fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+fn wr(wr_id: u64, op: SendOp, sg_list: SgList) -> SendWr {
     SendWr {
         wr_id,
         op,
@@ -53,7 +53,7 @@ fn main() -> Result<()> {
                 rkey,
                 imm: None,
             },
-            vec![mr_a.sge(0, 18)],
+            sg_list![mr_a.sge(0, 18)],
         ))
     };
     write(2, window)?;
@@ -61,14 +61,14 @@ fn main() -> Result<()> {
 
     qp_b.post_recv(RecvWr {
         wr_id: 3,
-        sg_list: vec![mr_b.sge(0, 64)],
+        sg_list: sg_list![mr_b.sge(0, 64)],
     })?;
     qp_a.post_send(wr(
         4,
         SendOp::SendWithInv {
             invalidate_rkey: window,
         },
-        vec![mr_a.sge(0, 4)],
+        sg_list![mr_a.sge(0, 4)],
     ))?;
     println!("SEND_WITH_INV: {}", cq_a.wait(T)?.status);
     let r = cq_b.wait(T)?;

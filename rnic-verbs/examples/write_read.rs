@@ -39,7 +39,7 @@ fn main() -> Result<()> {
         qp_a.post_send(SendWr {
             wr_id,
             op,
-            sg_list: vec![mr_a.sge(if wr_id == 1 { 0 } else { 4096 }, msg.len() as u32)],
+            sg_list: sg_list![mr_a.sge(if wr_id == 1 { 0 } else { 4096 }, msg.len() as u32)],
             signaled: true,
             solicited: false,
             fence: false,

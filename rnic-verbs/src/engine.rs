@@ -29,7 +29,6 @@ use parking_lot::Mutex;
 use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
-use rnic_core::wr::Completion;
 use rnic_core::Nic;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
@@ -53,7 +52,7 @@ pub struct TapEvent {
 
 /// Where a completion queue's completions go.
 pub(crate) struct CqSink {
-    pub tx: Sender<Completion>,
+    pub delivered: Arc<crate::delivered::Delivered>,
     pub notify: Option<crate::channel::Notify>,
 }
 
@@ -159,10 +158,9 @@ impl EngineState {
         }
         for (h, sink) in &self.cqs {
             // The program's unpolled completions count against the depth.
-            let tx = &sink.tx;
-            let delivered = self.nic.deliver_cq(*h, tx.len(), |c| {
-                let _ = tx.send(c);
-            });
+            let delivered = sink
+                .delivered
+                .deliver(|unpolled, put| self.nic.deliver_cq(*h, unpolled, put));
             if let (Ok(1..), Some(n)) = (delivered, &sink.notify) {
                 n.completed(*h);
             }

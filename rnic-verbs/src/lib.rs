@@ -25,6 +25,7 @@
 
 mod capture;
 mod channel;
+mod delivered;
 mod engine;
 #[allow(unsafe_code)]
 mod memory;
@@ -50,7 +51,8 @@ pub use rnic_core::qp::{Mtu, QpType};
 pub use rnic_core::srq::AsyncEvent;
 use rnic_core::srq::SrqHandle;
 pub use rnic_core::wr::{
-    Completion, RecvWr, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, GRH_LEN,
+    sg_list, Completion, InlineData, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode,
+    WcStatus, GRH_LEN, MAX_INLINE_DATA,
 };
 pub use rnic_core::{DeviceAttr, QpCaps, VerbError, DEVICE_ATTR};
 
@@ -59,6 +61,7 @@ pub use engine::TapEvent;
 /// Where a tap delivers the packets it sees.
 pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
 pub use channel::{AsyncEventQueue, CompletionChannel};
+use delivered::Delivered;
 use engine::{Engine, EngineState};
 pub use memory::{Backing, DmaBuf, Placement};
 
@@ -289,8 +292,8 @@ impl Device {
     /// Change `cq`'s depth (`ibv_resize_cq`). Fails, changing nothing, when
     /// more completions are waiting to be polled than `depth`.
     pub fn resize_cq(&self, cq: &CompletionQueue, depth: usize) -> Result<()> {
-        let (h, rx) = (cq.cq, cq.rx.clone());
-        self.call(move |st| st.nic.resize_cq(h, depth, rx.len()))?
+        let (h, delivered) = (cq.cq, cq.delivered.clone());
+        self.call(move |st| st.nic.resize_cq(h, depth, delivered.len()))?
             .map_err(Error::from)
     }
 
@@ -299,20 +302,24 @@ impl Device {
         depth: usize,
         channel: Option<&CompletionChannel>,
     ) -> Result<CompletionQueue> {
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let delivered = Arc::new(Delivered::default());
         let armed = Arc::new(AtomicBool::new(false));
         let notify = channel.map(|c| channel::Notify {
             armed: armed.clone(),
             signal: c.signal.clone(),
         });
+        let sink = engine::CqSink {
+            delivered: delivered.clone(),
+            notify,
+        };
         let cq = self.engine.call(move |st| {
             let h = st.nic.create_cq(depth);
-            st.cqs.insert(h, engine::CqSink { tx, notify });
+            st.cqs.insert(h, sink);
             h
         })?;
         Ok(CompletionQueue {
             cq,
-            rx,
+            delivered,
             armed,
             dev: self.clone(),
         })
@@ -771,7 +778,7 @@ pub struct AddressHandle {
 #[derive(Debug)]
 pub struct CompletionQueue {
     cq: CqHandle,
-    rx: Receiver<Completion>,
+    delivered: Arc<Delivered>,
     armed: Arc<AtomicBool>,
     /// For run-to-completion: a poll that finds the queue empty takes in
     /// what has arrived itself.
@@ -792,19 +799,19 @@ impl CompletionQueue {
     /// Take the completions waiting (none is an empty vector). If none
     /// is, first take in what the NIC has received, on this thread.
     pub fn poll(&self) -> Vec<Completion> {
-        if self.rx.is_empty() {
+        if self.is_empty() {
             self.dev.engine.progress();
         }
-        self.rx.try_iter().collect()
+        self.delivered.take_all()
     }
     /// Take the next completion waiting, if any (no allocation). If none
     /// is, first take in what the NIC has received, on this thread.
     pub fn try_next(&self) -> Option<Completion> {
-        if let Ok(c) = self.rx.try_recv() {
+        if let Some(c) = self.delivered.pop() {
             return Some(c);
         }
         self.dev.engine.progress();
-        self.rx.try_recv().ok()
+        self.delivered.pop()
     }
     /// Poll until a completion arrives or `timeout` passes, never sleeping:
     /// the latency mode of perftest and of `rnic perf --lat`. It keeps a
@@ -823,11 +830,11 @@ impl CompletionQueue {
     }
     /// How many completions are waiting.
     pub fn len(&self) -> usize {
-        self.rx.len()
+        self.delivered.len()
     }
     /// Whether none is waiting.
     pub fn is_empty(&self) -> bool {
-        self.rx.is_empty()
+        self.len() == 0
     }
     /// Wait up to `timeout` for one completion, sleeping while none comes
     /// (the engine thread takes in packets meanwhile).
@@ -835,7 +842,8 @@ impl CompletionQueue {
         if let Some(c) = self.try_next() {
             return Ok(c);
         }
-        self.rx.recv_timeout(timeout).map_err(|_| Error::Timeout)
+        let deadline = std::time::Instant::now() + timeout;
+        self.delivered.wait_until(deadline).ok_or(Error::Timeout)
     }
 }
 
@@ -1051,7 +1059,7 @@ impl QueuePair {
                 length,
                 access,
             }),
-            sg_list: Vec::new(),
+            sg_list: SgList::new(),
             signaled,
             solicited: false,
             fence: false,

@@ -47,7 +47,7 @@ fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list,
+        sg_list: sg_list.into(),
         signaled: true,
         solicited: false,
         fence: false,
@@ -100,7 +100,7 @@ fn every_operation_over_udp() {
     // SEND with immediate into a posted receive.
     b.qp.post_recv(RecvWr {
         wr_id: 9,
-        sg_list: vec![b.mr.sge(40_000, 4096)],
+        sg_list: sg_list![b.mr.sge(40_000, 4096)],
     })
     .unwrap();
     a.qp.post_send(wr(
@@ -199,7 +199,7 @@ fn a_qp_in_error_flushes_its_work_requests() {
     for i in 0..3 {
         b.qp.post_recv(RecvWr {
             wr_id: 10 + i,
-            sg_list: vec![b.mr.sge(0, 64)],
+            sg_list: sg_list![b.mr.sge(0, 64)],
         })
         .unwrap();
     }
@@ -263,7 +263,7 @@ fn ud_over_udp() {
     qb.ready_ud(0x1111_1111).unwrap();
     qb.post_recv(RecvWr {
         wr_id: 5,
-        sg_list: vec![mrb.sge(0, 2048)],
+        sg_list: sg_list![mrb.sge(0, 2048)],
     })
     .unwrap();
     mra.write(0, b"datagram");
@@ -299,7 +299,7 @@ fn uc_and_an_srq_shared_by_two_qps() {
     for id in 0..3 {
         srq.post_recv(RecvWr {
             wr_id: id,
-            sg_list: vec![mrb.sge(id as usize * 512, 512)],
+            sg_list: sg_list![mrb.sge(id as usize * 512, 512)],
         })
         .unwrap();
     }
@@ -407,7 +407,7 @@ fn windows_atomic_write_and_flush_on_page_backed_memory() {
     // SEND_WITH_INV closes the window; a WRITE through it then fails.
     qb.post_recv(RecvWr {
         wr_id: 9,
-        sg_list: vec![mb.sge(0, 64)],
+        sg_list: sg_list![mb.sge(0, 64)],
     })
     .unwrap();
     qa.post_send(wr(
@@ -652,7 +652,7 @@ fn builder_modify_and_query_as_ibv_modify_qp_does() {
     let wr = SendWr {
         wr_id: 1,
         op: SendOp::Send { imm: None },
-        sg_list: vec![mr.sge(0, 8); 3],
+        sg_list: sg_list![mr.sge(0, 8); 3],
         signaled: true,
         solicited: false,
         fence: false,

@@ -17,7 +17,7 @@ fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list,
+        sg_list: sg_list.into(),
         signaled: true,
         solicited: false,
         fence: false,
@@ -66,7 +66,7 @@ fn peer_process() {
     for i in 0..4 {
         qp.post_recv(RecvWr {
             wr_id: 100 + i,
-            sg_list: vec![mr.sge(32768 + 1024 * i as usize, 1024)],
+            sg_list: sg_list![mr.sge(32768 + 1024 * i as usize, 1024)],
         })
         .unwrap();
     }

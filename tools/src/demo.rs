@@ -125,7 +125,7 @@ fn wr(wr_id: u64, op: SendOp, sg: Sge) -> SendWr {
     SendWr {
         wr_id,
         op,
-        sg_list: vec![sg],
+        sg_list: sg_list![sg],
         signaled: true,
         solicited: false,
         fence: false,
@@ -191,7 +191,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     )?;
     b.qp.post_recv(RecvWr {
         wr_id: 100,
-        sg_list: vec![b.mr.sge(8192, 4096)],
+        sg_list: sg_list![b.mr.sge(8192, 4096)],
     })?;
     a.qp.post_send(wr(1, SendOp::Send { imm: None }, a.mr.sge(0, 3000)))?;
     let ca = a.cq.wait(T)?;
@@ -250,7 +250,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     )?;
     b.qp.post_recv(RecvWr {
         wr_id: 101,
-        sg_list: vec![],
+        sg_list: sg_list![],
     })?;
     a.qp.post_send(wr(
         3,

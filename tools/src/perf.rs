@@ -257,7 +257,7 @@ fn wr(op: Op, local: &MemoryRegion, remote: &RemoteBuffer, id: u64, size: u32) -
     SendWr {
         wr_id: id,
         op,
-        sg_list: vec![local.sge(0, size)],
+        sg_list: sg_list![local.sge(0, size)],
         signaled: true,
         solicited: false,
         fence: false,
@@ -395,7 +395,7 @@ fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) 
         for i in 0..per_qp {
             qp.post_recv(RecvWr {
                 wr_id: i,
-                sg_list: vec![l.mr.sge(0, size.max(1))],
+                sg_list: sg_list![l.mr.sge(0, size.max(1))],
             })?;
         }
     }
@@ -413,7 +413,7 @@ fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) 
             if let Some(qp) = l.qps.iter().find(|q| q.qpn() == c.qp_num) {
                 qp.post_recv(RecvWr {
                     wr_id: c.wr_id,
-                    sg_list: vec![l.mr.sge(0, size.max(1))],
+                    sg_list: sg_list![l.mr.sge(0, size.max(1))],
                 })?;
             }
         }

@@ -67,7 +67,7 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let recv = |id: u64| {
         qp.post_recv(RecvWr {
             wr_id: id,
-            sg_list: vec![mr.sge(size as usize, size)],
+            sg_list: sg_list![mr.sge(size as usize, size)],
         })
     };
     // Enough receives posted that the peer never waits for one.
@@ -79,7 +79,7 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
         qp.post_send(SendWr {
             wr_id: id,
             op: SendOp::Send { imm: None },
-            sg_list: vec![mr.sge(0, size)],
+            sg_list: sg_list![mr.sge(0, size)],
             signaled: true,
             solicited: false,
             fence: false,

@@ -94,7 +94,7 @@ fn killed_peer_ends_in_retry_exceeded_within_the_bound() {
     let send = SendWr {
         wr_id: 1,
         op: SendOp::Send { imm: None },
-        sg_list: vec![mr.sge(0, 64)],
+        sg_list: sg_list![mr.sge(0, 64)],
         signaled: true,
         solicited: false,
         fence: false,

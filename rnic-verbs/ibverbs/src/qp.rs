@@ -11,8 +11,8 @@ use std::net::IpAddr;
 
 use parking_lot::Mutex;
 use rnic_verbs::{
-    Access, AddressHandle, AddressVector, AttrMask, Mtu, QpAttr, QpCaps, QpState, QpType,
-    QueuePair, RecvWr, SendOp, SendWr, Sge, DEVICE_ATTR,
+    sg_list, Access, AddressHandle, AddressVector, AttrMask, InlineData, Mtu, QpAttr, QpCaps,
+    QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, DEVICE_ATTR, MAX_INLINE_DATA,
 };
 
 use crate::ah::{dest_of, Ah};
@@ -423,12 +423,12 @@ pub unsafe extern "C" fn ibv_query_qp(
 ///
 /// # Safety
 /// `sg` must point to `n` entries (or `n` be 0).
-unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, i32> {
+unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<SgList, i32> {
     if n < 0 || (n > 0 && sg.is_null()) {
         return Err(libc::EINVAL);
     }
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(SgList::new());
     }
     // SAFETY: the caller's promise.
     let list = unsafe { std::slice::from_raw_parts(sg, n as usize) };
@@ -446,13 +446,18 @@ unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, i32> {
 ///
 /// # Safety
 /// Each entry must name readable memory, as verbs requires of inline sends.
-unsafe fn inline_bytes(list: &[(u64, usize)]) -> Result<Vec<u8>, i32> {
-    let total: usize = list.iter().map(|&(_, l)| l).sum();
-    if total > DEVICE_ATTR.max_inline_data as usize {
+unsafe fn inline_bytes(
+    list: impl Iterator<Item = (u64, usize)> + Clone,
+) -> Result<InlineData, i32> {
+    let total = list
+        .clone()
+        .try_fold(0usize, |t, (_, len)| t.checked_add(len))
+        .ok_or(libc::EINVAL)?;
+    if total > MAX_INLINE_DATA {
         return Err(libc::EINVAL);
     }
-    let mut v = Vec::with_capacity(total);
-    for &(addr, len) in list {
+    let mut v = InlineData::new();
+    for (addr, len) in list {
         if len == 0 {
             continue;
         }
@@ -535,12 +540,9 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
             op,
             SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
         ) {
-        let list: Vec<(u64, usize)> = sg_list
-            .iter()
-            .map(|s| (s.addr, s.length as usize))
-            .collect();
+        let list = sg_list.iter().map(|s| (s.addr, s.length as usize));
         // SAFETY: the program's buffers, as verbs requires for inline sends.
-        Some(unsafe { inline_bytes(&list)? })
+        Some(unsafe { inline_bytes(list)? })
     } else {
         None
     };
@@ -651,7 +653,7 @@ unsafe fn begin(p: *mut sys::ibv_qp_ex, op: SendOp) {
         wr: SendWr {
             wr_id,
             op,
-            sg_list: Vec::new(),
+            sg_list: SgList::new(),
             signaled,
             solicited,
             fence,
@@ -685,12 +687,16 @@ pub(crate) unsafe extern "C" fn wr_complete(p: *mut sys::ibv_qp_ex) -> c_int {
     let Some(q) = (unsafe { qx(p) }) else {
         return libc::EINVAL;
     };
-    let list = std::mem::take(&mut *q.pending.lock());
+    // Drained in place, so the list keeps its room for the next batch.
+    let mut pending = q.pending.lock();
+    // A batch with a request that could not be built posts nothing, as a
+    // NIC's doorbell is never rung for it.
+    if let Some(e) = pending.iter().find_map(|w| w.error) {
+        pending.clear();
+        return e;
+    }
     ffi::errno_call(|| {
-        for w in list {
-            if let Some(e) = w.error {
-                return Err(e);
-            }
+        for w in pending.drain(..) {
             if let Some((mw, rkey, info)) = w.bind {
                 // SAFETY: the window and region the program named.
                 unsafe {
@@ -848,7 +854,7 @@ pub(crate) unsafe extern "C" fn wr_set_sge(
     length: u32,
 ) {
     // SAFETY: passed on.
-    unsafe { last(p, |w| w.wr.sg_list = vec![Sge { addr, length, lkey }]) }
+    unsafe { last(p, |w| w.wr.sg_list = sg_list![Sge { addr, length, lkey }]) }
 }
 pub(crate) unsafe extern "C" fn wr_set_sge_list(
     p: *mut sys::ibv_qp_ex,
@@ -864,7 +870,7 @@ pub(crate) unsafe extern "C" fn wr_set_sge_list(
     unsafe { last(p, |w| w.wr.sg_list = sg) }
 }
 /// Inline bytes for the work request, or the error its post will fail with.
-fn set_inline(w: &mut Pending, data: Result<Vec<u8>, i32>) {
+fn set_inline(w: &mut Pending, data: Result<InlineData, i32>) {
     match data {
         Ok(d) => w.wr.inline = Some(d),
         Err(e) => w.error = Some(e),
@@ -877,7 +883,7 @@ pub(crate) unsafe extern "C" fn wr_set_inline_data(
     length: usize,
 ) {
     // SAFETY: the program's buffer.
-    let data = unsafe { inline_bytes(&[(addr as u64, length)]) };
+    let data = unsafe { inline_bytes(std::iter::once((addr as u64, length))) };
     // SAFETY: passed on.
     unsafe { last(p, |w| set_inline(w, data)) }
 }
@@ -895,9 +901,9 @@ pub(crate) unsafe extern "C" fn wr_set_inline_data_list(
         // SAFETY: the program's list of n buffers.
         unsafe { std::slice::from_raw_parts(list, n) }
     };
-    let l: Vec<(u64, usize)> = bufs.iter().map(|b| (b.addr as u64, b.length)).collect();
+    let l = bufs.iter().map(|b| (b.addr as u64, b.length));
     // SAFETY: the program's buffers.
-    let data = unsafe { inline_bytes(&l) };
+    let data = unsafe { inline_bytes(l) };
     // SAFETY: passed on.
     unsafe { last(p, |w| set_inline(w, data)) }
 }

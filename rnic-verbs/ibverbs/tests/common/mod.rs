@@ -29,6 +29,7 @@ extern "C" {
     ) -> *mut sys::ibv_mr;
     pub fn ibv_create_qp(pd: *mut sys::ibv_pd, a: *mut sys::ibv_qp_init_attr) -> *mut sys::ibv_qp;
     pub fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int;
+    pub fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex;
     pub fn ibv_modify_qp(qp: *mut sys::ibv_qp, a: *mut sys::ibv_qp_attr, mask: c_int) -> c_int;
     pub fn ibv_query_qp(
         qp: *mut sys::ibv_qp,
