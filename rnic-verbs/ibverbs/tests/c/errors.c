@@ -13,7 +13,8 @@
  *     region is EINVAL, a good one 0;
  *   - misuse: a pointer that is not rnic's, a PD, region or channel still
  *     in use, inline data over 256 bytes, an invalid attribute the mask
- *     names: each refused with rdma-core's errno;
+ *     names: each refused with rdma-core's errno; an ibv_wr_* batch with
+ *     one bad request posts none of its requests;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -83,6 +84,20 @@ static struct ibv_wc wait_wc(uint64_t wr_id)
 			return wc;
 	}
 	fprintf(stderr, "no completion for %lu\n", (unsigned long)wr_id);
+	exit(1);
+}
+
+/* The next completion, whatever it is. */
+static struct ibv_wc next_wc(void)
+{
+	struct ibv_wc wc;
+	for (long i = 0; i < 2000000000L; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		CHECK(n >= 0);
+		if (n == 1)
+			return wc;
+	}
+	fprintf(stderr, "no completion\n");
 	exit(1);
 }
 
@@ -252,6 +267,26 @@ int main(void)
 	CHECK(wc.status == IBV_WC_SUCCESS);
 	for (int i = 0; i < 256; i++)
 		CHECK((unsigned char)buf[3072 + i] == 0x5A);
+	/* ibv_wr_*: a batch with a request that cannot be built (inline data
+	 * over 256 bytes) posts nothing, the good request before it included. */
+	struct ibv_qp_ex *nx = ibv_qp_to_qp_ex(n);
+	CHECK(nx);
+	static char big[257];
+	ibv_wr_start(nx);
+	nx->wr_id = 13;
+	nx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(nx, mr->rkey, (uintptr_t)buf + 3072);
+	ibv_wr_set_sge(nx, mr->lkey, (uintptr_t)buf + 1024, 8);
+	nx->wr_id = 14;
+	ibv_wr_rdma_write(nx, mr->rkey, (uintptr_t)buf + 3072);
+	ibv_wr_set_inline_data(nx, big, sizeof big);
+	CHECK(ibv_wr_complete(nx) == EINVAL);
+	struct ibv_sge eight = { .addr = (uintptr_t)buf + 1024, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr mark = { .wr_id = 15, .sg_list = &eight, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3072, .rkey = mr->rkey } };
+	CHECK(ibv_post_send(n, &mark, &bad) == 0);
+	CHECK(next_wc().wr_id == 15);
 	/* An attribute the mask names must be valid; one it does not name is
 	 * not looked at. */
 	struct ibv_qp *fresh = make_qp(NULL);
