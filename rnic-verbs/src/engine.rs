@@ -365,14 +365,22 @@ impl Engine {
             stop: AtomicBool::new(false),
         });
         let engine_side = shared.clone();
+        // The device is ready when its thread is: set up (its scheduling
+        // class too) before the first packet, not whenever the scheduler
+        // first runs it.
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name(format!("rnic-engine-{addr}"))
             .spawn(move || {
                 let _entered = span.enter();
                 let realtime = crate::sched::apply(priority);
                 tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
+                let _ = ready.send(());
                 run(&engine_side, realtime);
             })?;
+        // An error here means the thread ended before it was ready; the
+        // engine then fails its first call as it would have anyway.
+        let _ = started.recv();
         Ok(Engine {
             shared,
             thread: Some(thread),
