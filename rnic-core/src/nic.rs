@@ -434,6 +434,14 @@ impl Nic {
         (qps, ctx)
     }
 
+    /// Run a verb or an event, then [`Nic::settle`]: what it overran takes
+    /// effect before the caller sees the NIC again.
+    fn settled<R>(&mut self, event: impl FnOnce(&mut Nic) -> R) -> R {
+        let r = event(self);
+        self.settle();
+        r
+    }
+
     /// After an event: every QP that completes into a CQ that overran goes
     /// to the error state (IBV_EVENT_QP_FATAL); flushing it may overrun
     /// more, which are handled in turn.
@@ -731,9 +739,7 @@ impl Nic {
         attr: &QpAttr,
         mask: AttrMask,
     ) -> Result<(), VerbError> {
-        let r = self.modify_qp_inner(now, qpn, attr, mask);
-        self.settle();
-        r
+        self.settled(|nic| nic.modify_qp_inner(now, qpn, attr, mask))
     }
 
     fn modify_qp_inner(
@@ -780,9 +786,7 @@ impl Nic {
     /// UC and UD) the request completes at once with WR_FLUSH_ERR, as verbs
     /// specifies.
     pub fn post_send(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
-        let r = self.post_send_inner(now, qpn, wr);
-        self.settle();
-        r
+        self.settled(|nic| nic.post_send_inner(now, qpn, wr))
     }
 
     fn post_send_inner(&mut self, now: Time, qpn: u32, wr: SendWr) -> Result<(), VerbError> {
@@ -866,9 +870,7 @@ impl Nic {
         wr: SendWr,
         to: UdDest,
     ) -> Result<(), VerbError> {
-        let r = self.post_send_ud_inner(now, qpn, wr, to);
-        self.settle();
-        r
+        self.settled(|nic| nic.post_send_ud_inner(now, qpn, wr, to))
     }
 
     fn post_send_ud_inner(
@@ -968,9 +970,7 @@ impl Nic {
 
     /// `ibv_post_recv`.
     pub fn post_recv(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
-        let r = self.post_recv_inner(now, qpn, wr);
-        self.settle();
-        r
+        self.settled(|nic| nic.post_recv_inner(now, qpn, wr))
     }
 
     fn post_recv_inner(&mut self, now: Time, qpn: u32, wr: RecvWr) -> Result<(), VerbError> {
@@ -1013,8 +1013,7 @@ impl Nic {
         src_port: u16,
         payload: &[u8],
     ) {
-        self.handle_udp_inner(now, src, dst, src_port, payload);
-        self.settle();
+        self.settled(|nic| nic.handle_udp_inner(now, src, dst, src_port, payload));
     }
 
     fn handle_udp_inner(
@@ -1084,8 +1083,7 @@ impl Nic {
 
     /// The time is `now`: run expired timers.
     pub fn handle_timeout(&mut self, now: Time) {
-        self.handle_timeout_inner(now);
-        self.settle();
+        self.settled(|nic| nic.handle_timeout_inner(now));
     }
 
     fn handle_timeout_inner(&mut self, now: Time) {
