@@ -48,6 +48,12 @@ impl Op {
             .into_iter()
             .find(|o| o.name() == s)
     }
+    /// Whether its latency is a ping-pong (each side answers the other's
+    /// message, as ib_write_lat and ib_send_lat do) rather than a
+    /// request's round trip (ib_read_lat, ib_atomic_lat).
+    fn ping_pong(self) -> bool {
+        matches!(self, Op::Write | Op::Send)
+    }
 }
 
 /// Which side of the measurement this process is.
@@ -102,8 +108,10 @@ impl Options {
             vec![self.size]
         }
     }
+    /// Room for the largest message twice: a ping-pong sends from the
+    /// first half and takes the peer's messages in the second.
     fn buffer_len(&self) -> usize {
-        self.sizes().into_iter().max().unwrap_or(8).max(4096) as usize
+        2 * self.sizes().into_iter().max().unwrap_or(8).max(2048) as usize
     }
     /// The line the client sends: what the server must do too.
     fn to_line(&self) -> String {
@@ -387,6 +395,93 @@ fn latency(
     Ok((lat, failures))
 }
 
+/// One side of a ping-pong on the first QP, as perftest's ib_write_lat and
+/// ib_send_lat run it: each side sends its n-th message when the peer's
+/// n-th has arrived; the side that `leads` sends first and times each
+/// round trip, reporting half of it (what perftest reports). A WRITE lands
+/// in the second half of the peer's buffer, which the peer watches, never
+/// polling a completion queue for it; a SEND is taken from the receive
+/// queue's completions. Both spin, never sleep.
+fn ping_pong(
+    l: &Local,
+    remote: &RemoteBuffer,
+    op: Op,
+    size: u32,
+    iterations: u64,
+    leads: bool,
+    bar: &ProgressBar,
+) -> Res<(Vec<Duration>, u64)> {
+    let half = l.mr.len() / 2;
+    if (size as usize) > half || remote.len < 2 * half as u64 {
+        return Err(format!("a {size}-byte ping-pong does not fit the buffers").into());
+    }
+    if op == Op::Write && size == 0 {
+        return Err("a WRITE ping-pong needs at least one byte to watch".into());
+    }
+    let qp = &l.qps[0];
+    let receive = || {
+        qp.post_recv(RecvWr {
+            wr_id: 0,
+            sg_list: sg_list![l.mr.sge(half, half as u32)],
+        })
+    };
+    if op == Op::Send {
+        // One receive is enough: the peer's next SEND follows ours.
+        receive()?;
+    }
+    let mut wr = wr(op, &l.mr, remote, 0, size);
+    if let SendOp::Write { remote_addr, .. } = &mut wr.op {
+        *remote_addr += half as u64;
+    }
+    // The last byte of each message counts the iterations, never 0 (the
+    // buffer's first value), so every message differs from the one before.
+    let last = size.saturating_sub(1) as usize;
+    let tag = |i: u64| (i % 255) as u8 + 1;
+    // The peer's `i`-th message, by its last byte or its completion.
+    let arrived = |i: u64| -> Res<()> {
+        if op == Op::Send {
+            let c = l.rcq.spin(T)?;
+            if c.status != WcStatus::Success {
+                return Err(format!("a receive failed: {}", c.status).into());
+            }
+            return Ok(receive()?);
+        }
+        let start = Instant::now();
+        let mut b = [0u8];
+        for spins in 0u64.. {
+            l.mr.read(half + last, &mut b);
+            if b[0] == tag(i) {
+                return Ok(());
+            }
+            if spins % 4096 == 0 && start.elapsed() > T {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        Err(format!("the peer's WRITE {i} did not arrive in {T:?}").into())
+    };
+    let mut lat = Vec::with_capacity(if leads { iterations as usize } else { 0 });
+    for i in 0..iterations {
+        if !leads {
+            arrived(i)?;
+        }
+        let t = Instant::now();
+        l.mr.write(last, &[tag(i)]);
+        qp.post_send(wr.clone())?;
+        let c = l.scq.spin(T)?;
+        if c.status != WcStatus::Success {
+            return Ok((lat, 1));
+        }
+        if leads {
+            arrived(i)?;
+            lat.push(t.elapsed() / 2);
+            bar.set_position(i + 1);
+        }
+    }
+    lat.sort();
+    Ok((lat, 0))
+}
+
 /// Keep receives posted on every QP of `l` (for SENDs from the peer) until
 /// `stop`; count the failed ones.
 fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) -> Res<()> {
@@ -479,13 +574,16 @@ fn measure(
         // Receives for SENDs: on the peer (loopback), and here if the peer
         // also sends to us.
         let mut refills = Vec::new();
-        if o.op == Op::Send {
+        let pings = o.latency && o.op.ping_pong();
+        if o.op == Op::Send && !pings {
             if let Some((p, _)) = peer {
                 refills.push(s.spawn(|| refill_receives(p, size, &stop, &failed_recvs)));
             }
             if receives_here {
                 refills.push(s.spawn(|| refill_receives(me, size, &stop, &failed_recvs)));
             }
+        }
+        if o.op == Op::Send {
             // Let the receives be posted before the first SEND arrives.
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -495,7 +593,23 @@ fn measure(
                     Limit::Messages(n) => n,
                     Limit::Time(d) => (d.as_micros() / 50).max(1) as u64,
                 };
-                let (lat, failures) = if sends {
+                let (lat, failures) = if pings {
+                    // The client (or this process's first NIC) leads; the
+                    // server, or the second NIC on a thread here, answers.
+                    let answer = peer.map(|(p, r)| {
+                        s.spawn(move || {
+                            ping_pong(p, &r[0], o.op, size, n, false, &ProgressBar::hidden())
+                        })
+                    });
+                    let leads = o.mode != Mode::Server;
+                    let mine = ping_pong(me, &my_remote[0], o.op, size, n, leads, &bar);
+                    let theirs = match answer {
+                        Some(h) => h.join().map_err(|_| "the answering side panicked")?,
+                        None => Ok((Vec::new(), 0)),
+                    };
+                    let (lat, failures) = mine?;
+                    (lat, failures + theirs?.1)
+                } else if sends {
                     latency(me, my_remote, o.op, size, n, &bar)?
                 } else {
                     (Vec::new(), 0)
@@ -633,7 +747,11 @@ fn print_header(o: &Options, out: &mut impl Write) -> io::Result<()> {
         out,
         " RDMA {} {}{}, {} QP(s), PMTU {}, {}",
         o.op.name().to_uppercase(),
-        if o.latency { "latency" } else { "bandwidth" },
+        match (o.latency, o.op.ping_pong()) {
+            (false, _) => "bandwidth",
+            (true, true) => "latency (half a ping-pong's round trip, as perftest)",
+            (true, false) => "latency (post to completion, as perftest)",
+        },
         match (o.bidir, &o.mode) {
             (false, _) => "",
             (true, Mode::Loopback) => " (both directions, summed)",
