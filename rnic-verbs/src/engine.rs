@@ -30,6 +30,8 @@ use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
 use rnic_core::Nic;
+
+use crate::watch::Watch;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
@@ -283,9 +285,35 @@ struct Shared {
     /// wakes it, and no other does.
     sleeping_until: AtomicU64,
     stop: AtomicBool,
+    /// The engine's clock starts here (as `EngineState::start`).
+    start: Instant,
+    /// When a thread last polled an empty completion queue (ns on the
+    /// engine's clock; 0: never).
+    last_poll: AtomicU64,
+    /// The engine thread sleeps without watching the socket (see `watch`).
+    away: AtomicBool,
+    /// A thread said it is about to sleep until a completion.
+    sleeper: AtomicBool,
+    /// Packets taken in by polling threads, ever.
+    polled_packets: AtomicU64,
+    /// `watch::AWAY_MAX`, or longer in a test that must see a sleeper
+    /// served by being told, not by the engine coming back on its own.
+    away_max: AtomicU64,
 }
 
 impl Shared {
+    /// Now, in ns on the engine's clock, without the lock.
+    fn clock(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn last_poll(&self) -> Option<u64> {
+        match self.last_poll.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
+
     fn wake(&self) {
         // An eventfd write only fails when the counter would overflow, which
         // already means "awake".
@@ -341,12 +369,13 @@ impl Engine {
         crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
+        let start = Instant::now();
         let mut nic = Nic::new(addr, seed);
         // Packets of QPs without a port of their own leave from 4791.
         nic.set_udp_source_port(Some(ROCE_PORT));
         let state = EngineState {
             nic,
-            start: Instant::now(),
+            start,
             cqs: HashMap::new(),
             tap: None,
             events: None,
@@ -363,6 +392,12 @@ impl Engine {
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
+            start,
+            last_poll: AtomicU64::new(0),
+            away: AtomicBool::new(false),
+            sleeper: AtomicBool::new(false),
+            polled_packets: AtomicU64::new(0),
+            away_max: AtomicU64::new(crate::watch::AWAY_MAX),
         });
         let engine_side = shared.clone();
         // The device is ready when its thread is: set up (its scheduling
@@ -417,10 +452,16 @@ impl Engine {
     /// would look at every queue pair's.
     pub fn progress(&self) {
         let sh = &*self.shared;
+        sh.last_poll.store(sh.clock().max(1), Ordering::Relaxed);
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
-        let mut worked = st.receive(&sh.socket) > 0;
+        let received = st.receive(&sh.socket);
+        if received > 0 {
+            sh.polled_packets
+                .fetch_add(received as u64, Ordering::Relaxed);
+        }
+        let mut worked = received > 0;
         if st.now().0 >= sh.sleeping_until.load(Ordering::Acquire) {
             worked |= st.run_due_timers(&sh.socket);
         }
@@ -430,6 +471,31 @@ impl Engine {
         let next = st.nic.next_deadline();
         drop(st);
         sh.wake_for(next);
+    }
+}
+
+impl Engine {
+    /// A thread is about to sleep until a completion (it armed a queue for
+    /// an event, or waits on one): the engine thread must watch the socket
+    /// for it, and is woken if it left the socket to pollers.
+    pub fn expect_sleeper(&self) {
+        let sh = &*self.shared;
+        sh.sleeper.store(true, Ordering::SeqCst);
+        if sh.away.load(Ordering::SeqCst) {
+            sh.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+impl Engine {
+    /// Whether the engine thread is asleep away from the socket.
+    pub fn is_away(&self) -> bool {
+        self.shared.away.load(Ordering::SeqCst)
+    }
+    /// Let the socket go unwatched this long after the last poll.
+    pub fn set_away_max(&self, ns: u64) {
+        self.shared.away_max.store(ns, Ordering::Relaxed);
     }
 }
 
@@ -471,17 +537,37 @@ fn run(sh: &Shared, realtime: bool) {
         busy_poll()
     };
     let mut idle_since: Option<Instant> = None;
+    let mut watch = Watch::default();
+    let mut polled = 0;
     while !sh.stop.load(Ordering::Acquire) {
+        let p = sh.polled_packets.load(Ordering::Relaxed);
+        watch.pollers_took(p - polled);
+        polled = p;
+        if sh.sleeper.swap(false, Ordering::SeqCst) {
+            watch.stay(sh.clock());
+        }
+        if watch.away(
+            sh.clock(),
+            sh.last_poll(),
+            sh.away_max.load(Ordering::Relaxed),
+        ) {
+            leave_to_pollers(sh, &mut watch);
+            continue;
+        }
         // Receive everything waiting, a batch per system call, each batch
         // handled under the lock.
-        let mut busy = false;
+        let mut received = 0;
         loop {
             let n = sh.state.lock().receive(&sh.socket);
-            busy |= n > 0;
+            received += n;
             if n < crate::udp::BATCH {
                 break;
             }
         }
+        let now = sh.clock();
+        watch.engine_took(received, now, sh.last_poll());
+        watch.back(now, received);
+        let mut busy = received > 0;
         let timeout = {
             let mut st = sh.state.lock();
             busy |= st.run_due_timers(&sh.socket);
@@ -498,27 +584,67 @@ fn run(sh: &Shared, realtime: bool) {
                 continue;
             }
             let now = st.now();
+            // While threads poll, look at what they took at least every
+            // AWAY_MAX: packets they take need not wake this thread.
+            let longest = if Watch::pollers_about(now.0, sh.last_poll()) {
+                crate::watch::AWAY_MAX
+            } else {
+                100_000_000
+            };
             let until = st
                 .nic
                 .next_deadline()
-                .map_or(now.0 + 100_000_000, |d| d.0.min(now.0 + 100_000_000));
+                .map_or(now.0 + longest, |d| d.0.min(now.0 + longest));
             // Published under the lock: a verb that sets an earlier timer
             // after this sees it and wakes us.
             sh.sleeping_until.store(until, Ordering::Release);
             Duration::from_nanos(until.saturating_sub(now.0))
         };
-        let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
-        });
+        watch.sleeping(false);
         let mut fds = [
             PollFd::new(&sh.socket, PollFlags::IN),
             PollFd::new(&sh.wake, PollFlags::IN),
         ];
-        let _ = poll(&mut fds, Some(&ts));
-        sh.sleeping_until.store(u64::MAX, Ordering::Release);
-        let mut counter = [0u8; 8];
-        let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
+        sleep(sh, &mut fds, timeout);
         idle_since = None;
     }
+}
+
+/// Sleep without the socket while threads poll (they take the packets), at
+/// most `watch::AWAY_MAX` past the last poll, and until the next timer.
+fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
+    let timeout = {
+        let mut st = sh.state.lock();
+        st.run_due_timers(&sh.socket);
+        let now = st.now().0;
+        let last = sh.last_poll().unwrap_or(now);
+        let until = st
+            .nic
+            .next_deadline()
+            .map_or(u64::MAX, |d| d.0)
+            .min(last.saturating_add(sh.away_max.load(Ordering::Relaxed)));
+        sh.sleeping_until.store(until, Ordering::Release);
+        Duration::from_nanos(until.saturating_sub(now))
+    };
+    // A thread about to sleep checks `away` after saying so; we check what
+    // it said after setting `away`: one of the two sees the other.
+    sh.away.store(true, Ordering::SeqCst);
+    if !sh.sleeper.load(Ordering::SeqCst) {
+        watch.sleeping(true);
+        sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
+    }
+    sh.away.store(false, Ordering::SeqCst);
+    sh.sleeping_until.store(u64::MAX, Ordering::Release);
+}
+
+/// poll(2) on `fds` for up to `timeout`, then take any wake-up.
+fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
+    let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: 0,
+        tv_nsec: 100_000_000,
+    });
+    let _ = poll(fds, Some(&ts));
+    sh.sleeping_until.store(u64::MAX, Ordering::Release);
+    let mut counter = [0u8; 8];
+    let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
 }

@@ -34,6 +34,7 @@ pub mod rendezvous;
 mod sched;
 #[allow(unsafe_code)]
 mod udp;
+mod watch;
 
 use core::fmt;
 use std::io;
@@ -795,6 +796,7 @@ impl CompletionQueue {
     /// already waiting do not count: arm, poll, then wait for the event.
     pub fn req_notify(&self) {
         self.armed.store(true, Ordering::Release);
+        self.dev.engine.expect_sleeper();
     }
     /// Take the completions waiting (none is an empty vector). If none
     /// is, first take in what the NIC has received, on this thread.
@@ -843,6 +845,7 @@ impl CompletionQueue {
             return Ok(c);
         }
         let deadline = std::time::Instant::now() + timeout;
+        self.dev.engine.expect_sleeper();
         self.delivered.wait_until(deadline).ok_or(Error::Timeout)
     }
 }
@@ -1123,5 +1126,161 @@ impl QueuePair {
         Ok(self
             .dev
             .call(move |st| st.nic.query_qp(qpn).map(|a| a.qp_state))??)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device whose recv CQ `a` reports to a channel, connected to `b`.
+    struct Pair {
+        a: Device,
+        chan: CompletionChannel,
+        a_rcq: CompletionQueue,
+        _a_qp: QueuePair,
+        a_mr: MemoryRegion,
+        b_scq: CompletionQueue,
+        b_qp: QueuePair,
+        b_mr: MemoryRegion,
+    }
+
+    fn pair() -> Pair {
+        let (a, b) = (
+            Device::open_loopback().unwrap(),
+            Device::open_loopback().unwrap(),
+        );
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let chan = a.create_comp_channel().unwrap();
+        let a_rcq = a.create_cq_with_channel(64, &chan).unwrap();
+        let a_scq = a.create_cq(64).unwrap();
+        let b_scq = b.create_cq(64).unwrap();
+        let a_qp = pa.create_rc_qp(&a_scq, &a_rcq, QpCaps::default()).unwrap();
+        let b_qp = pb.create_rc_qp(&b_scq, &b_scq, QpCaps::default()).unwrap();
+        let o = ConnectOptions::default();
+        a_qp.connect(&b_qp.endpoint(), &o).unwrap();
+        b_qp.connect(&a_qp.endpoint(), &o).unwrap();
+        Pair {
+            a_mr: pa.register(64, Access::LOCAL_WRITE).unwrap(),
+            b_mr: pb.register(64, Access::LOCAL_WRITE).unwrap(),
+            a,
+            chan,
+            a_rcq,
+            _a_qp: a_qp,
+            b_scq,
+            b_qp,
+        }
+    }
+
+    impl Pair {
+        fn post(&self) {
+            self._a_qp
+                .post_recv(RecvWr {
+                    wr_id: 1,
+                    sg_list: sg_list![self.a_mr.sge(0, 64)],
+                })
+                .unwrap();
+            self.b_qp
+                .post_send(SendWr {
+                    wr_id: 2,
+                    op: SendOp::Send { imm: None },
+                    sg_list: sg_list![self.b_mr.sge(0, 8)],
+                    signaled: true,
+                    solicited: false,
+                    fence: false,
+                    inline: None,
+                })
+                .unwrap();
+        }
+
+        fn sent(&self) {
+            let c = self.b_scq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!(
+                c.status,
+                WcStatus::Success,
+                "away {}",
+                self.a.engine.is_away()
+            );
+        }
+
+        /// One SEND from b into a receive posted on a, which `take` waits
+        /// for: posted from another thread once this one is waiting.
+        fn send_later(&self, take: impl FnOnce(&CompletionQueue) -> Result<Completion>) {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    self.post();
+                    self.sent();
+                });
+                let c = take(&self.a_rcq).expect("the SEND arrives");
+                assert_eq!(c.status, WcStatus::Success);
+            });
+        }
+
+        /// SENDs from another thread, taken here by polling without a
+        /// pause, until a's engine thread leaves the socket to the poller
+        /// (bounded).
+        fn until_away(&self) {
+            let stop = AtomicBool::new(false);
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut taken = 0;
+            let posted = std::thread::scope(|s| {
+                let sender = s.spawn(|| {
+                    let mut n = 0;
+                    while n < 5000 && !stop.load(Ordering::Relaxed) {
+                        self.post();
+                        self.sent();
+                        n += 1;
+                    }
+                    n
+                });
+                // Polling on until the last SEND is acknowledged: the
+                // engine, once away, leaves its packets to this thread.
+                while !sender.is_finished() {
+                    if let Some(c) = self.a_rcq.try_next() {
+                        assert_eq!(c.status, WcStatus::Success);
+                        taken += 1;
+                    }
+                    if self.a.engine.is_away() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    assert!(std::time::Instant::now() < deadline, "bounded");
+                }
+                sender.join().unwrap()
+            });
+            assert!(
+                stop.load(Ordering::Relaxed),
+                "the engine thread kept watching a socket a poller served ({posted} SENDs)"
+            );
+            while taken < posted {
+                let c = self.a_rcq.spin(Duration::from_secs(10)).unwrap();
+                assert_eq!(c.status, WcStatus::Success);
+                taken += 1;
+            }
+        }
+    }
+
+    // The engine thread would come back on its own only after a minute: a
+    // sleeper is served because it said it would sleep.
+
+    #[test]
+    fn a_thread_that_waits_on_a_queue_brings_the_engine_back() {
+        let p = pair();
+        p.a.engine.set_away_max(60_000_000_000);
+        p.until_away();
+        p.send_later(|cq| cq.wait(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn arming_a_queue_for_an_event_brings_the_engine_back() {
+        let p = pair();
+        p.a.engine.set_away_max(60_000_000_000);
+        p.until_away();
+        p.send_later(|cq| {
+            cq.req_notify();
+            let id = p.chan.get_cq_event(Duration::from_secs(10))?;
+            assert_eq!(id, cq.id());
+            cq.try_next().ok_or(Error::Timeout)
+        });
     }
 }

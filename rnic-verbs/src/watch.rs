@@ -1,0 +1,253 @@
+//! Whether the engine thread watches the socket, or leaves it to the
+//! program's polling threads.
+//!
+//! A thread that polls an empty completion queue takes in packets itself
+//! (`Engine::progress`), as a NIC's poll-mode driver would. The engine
+//! thread, asleep in poll(2) on the same socket, is woken for each of those
+//! packets all the same; and on a machine whose cores are all busy (two
+//! programs spinning) each wake-up preempts someone. Measured on two cores,
+//! `rnic perf send --lat` as two processes: half a round trip of 34 us with
+//! the engine thread watching, 4.5 us with the pollers alone.
+//!
+//! But some programs never poll for what they wait on: ib_write_lat spins
+//! on its buffer's last byte, perftest's bandwidth servers sleep on TCP, a
+//! program sleeps on a completion channel. They need the engine thread. So
+//! it learns which kind of program it serves:
+//!
+//! - It watches the socket until [`LEAVE_AFTER`] packets in a row were
+//!   taken by polling threads, or by the engine thread while a thread was
+//!   polling (within [`POLLER_ACTIVE`]): those packets had a taker already.
+//!   (A packet a poller takes may still have woken the engine thread: the
+//!   kernel wakes it, finds the socket empty and puts it back to sleep,
+//!   unseen by it; so what counts is who took the packets.)
+//! - Then it sleeps without the socket for as long as threads keep polling,
+//!   and for at most [`AWAY_MAX`] after the last poll. Timers still wake it.
+//! - If, back on the socket, it finds packets that waited for it, a program
+//!   needed it: it watches for a while, [`STAY_MIN`] the first time, twice
+//!   as long each time it happens again (up to [`STAY_MAX`]), half as long
+//!   after each time the pollers left with nothing waiting. A program that
+//!   spins on memory between polls (ib_write_lat) so costs a packet
+//!   [`AWAY_MAX`] a few times at its start, then rarely; a polling program
+//!   whose thread was once held up (preempted) loses little.
+//! - Arming a completion queue for an event (or sleeping in
+//!   [`CompletionQueue::wait`](crate::CompletionQueue::wait)) says a thread
+//!   is about to sleep: the engine watches for a while, woken at once if it
+//!   was away.
+//!
+//! So nothing waits longer than [`AWAY_MAX`] for the engine thread; a
+//! program that polls pays no wake-ups.
+
+/// A thread that polled an empty queue this recently is polling (ns).
+pub const POLLER_ACTIVE: u64 = 500_000;
+/// Packets in a row that a polling thread took or could have taken, before
+/// the engine thread leaves the socket to the pollers.
+pub const LEAVE_AFTER: u64 = 64;
+/// The longest the socket goes unwatched after the last poll (ns).
+pub const AWAY_MAX: u64 = 1_000_000;
+/// How long the engine thread watches, at least, once a packet waited for
+/// it or a thread said it would sleep (ns).
+pub const STAY_MIN: u64 = 10_000_000;
+/// The longest it watches before leaving the socket to pollers again (ns).
+pub const STAY_MAX: u64 = 10_000_000_000;
+
+/// The engine thread's choice, from what it has seen (all times in ns on
+/// the engine's clock).
+#[derive(Debug)]
+pub struct Watch {
+    /// Packets in a row that a polling thread took or could have taken.
+    needless: u64,
+    /// Watch at least until then.
+    stay_until: u64,
+    /// The last sleep left the socket to the pollers.
+    was_away: bool,
+    /// How long to watch after the next packet that waited.
+    stay: u64,
+}
+
+impl Default for Watch {
+    fn default() -> Watch {
+        Watch {
+            needless: 0,
+            stay_until: 0,
+            was_away: false,
+            stay: STAY_MIN,
+        }
+    }
+}
+
+impl Watch {
+    /// Whether to sleep without the socket now, given when a thread last
+    /// polled an empty queue (`None`: never) and the longest the socket may
+    /// go unwatched after that (`AWAY_MAX`, longer in tests).
+    pub fn away(&self, now: u64, last_poll: Option<u64>, away_max: u64) -> bool {
+        self.needless >= LEAVE_AFTER
+            && now >= self.stay_until
+            && last_poll.is_some_and(|p| now.saturating_sub(p) < away_max)
+    }
+
+    /// The engine thread is about to sleep: `away` as [`Watch::away`] said.
+    pub fn sleeping(&mut self, away: bool) {
+        self.was_away = away;
+    }
+
+    /// Polling threads took `n` packets.
+    pub fn pollers_took(&mut self, n: u64) {
+        self.needless = self.needless.saturating_add(n);
+    }
+
+    /// The engine thread took `n` packets off the socket it watched; a
+    /// thread last polled at `last_poll`.
+    pub fn engine_took(&mut self, n: usize, now: u64, last_poll: Option<u64>) {
+        if n == 0 {
+            return;
+        }
+        if last_poll.is_some_and(|p| now.saturating_sub(p) < POLLER_ACTIVE) {
+            self.needless = self.needless.saturating_add(1);
+        } else {
+            self.needless = 0;
+        }
+    }
+
+    /// Whether a thread polled recently enough that it may be taking
+    /// packets: the engine thread then looks at the count at least this
+    /// often, even with nothing to do.
+    pub fn pollers_about(now: u64, last_poll: Option<u64>) -> bool {
+        last_poll.is_some_and(|p| now.saturating_sub(p) < AWAY_MAX)
+    }
+
+    /// Back on the socket after sleeping away from it: `waiting` packets
+    /// were there.
+    pub fn back(&mut self, now: u64, waiting: usize) {
+        if !std::mem::take(&mut self.was_away) {
+            return;
+        }
+        if waiting > 0 {
+            self.stay(now);
+            self.stay = (self.stay * 2).min(STAY_MAX);
+        } else {
+            self.stay = (self.stay / 2).max(STAY_MIN);
+        }
+    }
+
+    /// Watch from `now` for the current stay, and learn again after it.
+    pub fn stay(&mut self, now: u64) {
+        self.needless = 0;
+        self.stay_until = now.saturating_add(self.stay);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `LEAVE_AFTER` packets taken by pollers, from `t`.
+    fn learn(w: &mut Watch, t: u64) {
+        for i in 0..LEAVE_AFTER / 2 {
+            w.pollers_took(1);
+            w.engine_took(1, t + i * 1_000, Some(t + i * 1_000 - 500));
+        }
+    }
+
+    #[test]
+    fn watches_until_pollers_have_taken_the_packets_many_times_in_a_row() {
+        let mut w = Watch::default();
+        let t = 10_000_000;
+        assert!(!w.away(t, Some(t - 1), AWAY_MAX), "a new engine watches");
+        w.pollers_took(LEAVE_AFTER - 2);
+        w.engine_took(1, t, Some(t - 1));
+        w.engine_took(0, t, Some(t - 1));
+        assert!(
+            !w.away(t + 100, Some(t + 99), AWAY_MAX),
+            "one short of the count"
+        );
+        // A packet the engine took with no poller about starts it again.
+        w.engine_took(1, t + 200, Some(t + 200 - POLLER_ACTIVE));
+        w.pollers_took(1);
+        assert!(!w.away(t + 400, Some(t + 399), AWAY_MAX));
+        learn(&mut w, t + 1_000);
+        let now = t + 1_000 + LEAVE_AFTER * 1_000;
+        assert!(w.away(now, Some(now - 10), AWAY_MAX));
+    }
+
+    #[test]
+    fn away_only_while_threads_poll_and_never_longer_than_away_max() {
+        let mut w = Watch::default();
+        learn(&mut w, 5_000_000);
+        let p = 6_000_000;
+        assert!(w.away(p + 1, Some(p), AWAY_MAX));
+        assert!(w.away(p + AWAY_MAX - 1, Some(p), AWAY_MAX));
+        assert!(
+            !w.away(p + AWAY_MAX, Some(p), AWAY_MAX),
+            "the pollers went quiet"
+        );
+        assert!(!w.away(p, None, AWAY_MAX), "nobody ever polled");
+    }
+
+    #[test]
+    fn a_packet_that_waited_brings_the_engine_back_for_longer_each_time() {
+        let mut w = Watch::default();
+        let mut t = 5_000_000;
+        learn(&mut w, t);
+        t += 1_000_000;
+        assert!(w.away(t, Some(t - 10), AWAY_MAX));
+        w.sleeping(true);
+        // Nothing waited: the pollers took everything.
+        w.back(t + AWAY_MAX, 0);
+        assert!(w.away(t + AWAY_MAX + 20, Some(t + AWAY_MAX + 10), AWAY_MAX));
+        // A packet waited (a program spinning on memory, say), again and
+        // again: the engine stays STAY_MIN, then twice that, ...
+        for stay in [STAY_MIN, 2 * STAY_MIN, 4 * STAY_MIN] {
+            w.sleeping(true);
+            t += 3 * AWAY_MAX;
+            w.back(t, 1);
+            assert!(!w.away(t + 10, Some(t + 5), AWAY_MAX));
+            assert!(!w.away(t + stay - 1, Some(t + stay - 2), AWAY_MAX));
+            // After the stay it must learn again before it leaves.
+            assert!(!w.away(t + stay, Some(t + stay - 1), AWAY_MAX));
+            learn(&mut w, t + stay);
+            t += stay + LEAVE_AFTER * 1_000;
+            assert!(w.away(t, Some(t - 1), AWAY_MAX), "{stay}");
+        }
+        // Pollers that leave with nothing waiting halve it.
+        w.sleeping(true);
+        w.back(t + AWAY_MAX, 0);
+        w.sleeping(true);
+        t += 3 * AWAY_MAX;
+        w.back(t, 1);
+        assert!(!w.away(t + 4 * STAY_MIN - 1, Some(t + 4 * STAY_MIN - 2), AWAY_MAX));
+        learn(&mut w, t + 4 * STAY_MIN);
+        assert!(w.away(t + 5 * STAY_MIN, Some(t + 5 * STAY_MIN - 1), AWAY_MAX));
+    }
+
+    #[test]
+    fn the_stay_is_bounded() {
+        let mut w = Watch::default();
+        for i in 0..64 {
+            w.sleeping(true);
+            w.back(i, 1);
+        }
+        assert_eq!(w.stay, STAY_MAX);
+    }
+
+    #[test]
+    fn packets_found_after_watching_are_not_counted_as_waiting() {
+        let mut w = Watch::default();
+        learn(&mut w, 5_000_000);
+        w.sleeping(false);
+        w.back(7_000_000, 5);
+        assert!(
+            w.away(7_000_010, Some(7_000_000), AWAY_MAX),
+            "it was not away"
+        );
+    }
+
+    #[test]
+    fn a_sleeper_keeps_the_engine_watching() {
+        let mut w = Watch::default();
+        learn(&mut w, 5_000_000);
+        w.stay(6_000_000);
+        assert!(!w.away(6_000_010, Some(6_000_000), AWAY_MAX));
+        let end = 6_000_000 + STAY_MIN;
+        assert!(!w.away(end - 1, Some(end - 2), AWAY_MAX));
+    }
+}
