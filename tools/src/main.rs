@@ -64,7 +64,8 @@ enum Command {
         /// Messages outstanding at once, per queue pair.
         #[arg(short = 't', long, default_value_t = 64)]
         tx_depth: u32,
-        /// Measure latency, one message at a time.
+        /// Measure latency, one message at a time (WRITE, SEND: half a
+        /// ping-pong round trip; READ, atomics: post to completion).
         #[arg(long)]
         lat: bool,
         /// Both directions at once.
