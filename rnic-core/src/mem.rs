@@ -463,6 +463,71 @@ impl Memory {
         Ok(MrKeys { lkey: k, rkey: k })
     }
 
+    /// Change a registered region in place (`ibv_rereg_mr`): its protection
+    /// domain, its access rights, or the memory it covers and where
+    /// (`translation`: the I/O virtual address and the new memory). Its keys
+    /// stay the same. Everything is checked before anything changes: on an
+    /// error the region is as it was. Returns the memory a new translation
+    /// replaced. Refused while memory windows are bound to it: their bounds
+    /// were checked against what it covers.
+    pub fn reregister(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdHandle>,
+        access: Option<Access>,
+        translation: Option<(u64, Box<dyn Region>)>,
+    ) -> Result<Option<Box<dyn Region>>, MemError> {
+        let index = (lkey >> 8) as usize;
+        let mr = match self.mrs.get(index) {
+            Some(Some(mr)) if mr.key == lkey as u8 => mr,
+            _ => return Err(MemError::InvalidKey(lkey)),
+        };
+        if mr.windows > 0 {
+            return Err(MemError::WindowsBound(lkey));
+        }
+        if let Some(pd) = pd {
+            if !matches!(self.pds.get(pd.0 as usize), Some(Some(_))) {
+                return Err(MemError::NoSuchPd(pd));
+            }
+        }
+        let new_access = access.unwrap_or(mr.access);
+        if (new_access.contains(Access::REMOTE_WRITE) || new_access.contains(Access::REMOTE_ATOMIC))
+            && !new_access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(MemError::RemoteWriteNeedsLocalWrite);
+        }
+        let persists = match &translation {
+            Some((_, region)) => region.can_persist(),
+            None => mr.region.can_persist(),
+        };
+        if new_access.contains(Access::FLUSH_PERSISTENT) && !persists {
+            return Err(MemError::CannotPersist);
+        }
+        if let Some((iova, region)) = &translation {
+            let len = region.len() as u64;
+            if iova.checked_add(len).is_none() {
+                return Err(MemError::AddressOverflow { iova: *iova, len });
+            }
+        }
+        let old_pd = mr.pd;
+        if let Some(pd) = pd {
+            self.pd_release(old_pd);
+            // Checked above: the domain exists.
+            let _ = self.pd_acquire(pd);
+        }
+        let Some(Some(mr)) = self.mrs.get_mut(index) else {
+            return Err(MemError::InvalidKey(lkey));
+        };
+        if let Some(pd) = pd {
+            mr.pd = pd;
+        }
+        mr.access = new_access;
+        Ok(translation.map(|(iova, region)| {
+            mr.iova = iova;
+            std::mem::replace(&mut mr.region, region)
+        }))
+    }
+
     /// Deregister the region with local key `lkey` and hand its memory back.
     /// After this no key of it is valid: operations still in flight that name
     /// it fail their checks, and none can reach the memory.
@@ -963,6 +1028,127 @@ mod tests {
         };
         assert_ne!(keys(1), keys(2));
         assert_eq!(keys(3), keys(3));
+    }
+
+    #[test]
+    fn rereg_changes_rights_domain_and_memory_keeping_the_keys() {
+        let (mut m, pd, k) = setup();
+        let w = Access::REMOTE_WRITE;
+        // Access: remote writes are refused after, local use still works.
+        assert!(m
+            .reregister(k.lkey, None, Some(Access::LOCAL_WRITE), None)
+            .unwrap()
+            .is_none());
+        assert!(matches!(
+            m.check(k.rkey, pd, 0x1000, 1, w),
+            Err(MemError::NoPermission { .. })
+        ));
+        assert!(m.check(k.lkey, pd, 0x1000, 1, Access::LOCAL_WRITE).is_ok());
+        m.reregister(k.lkey, None, Some(Access::LOCAL_WRITE | w), None)
+            .unwrap();
+        assert!(m.check(k.rkey, pd, 0x1000, 1, w).is_ok());
+        // Domain: the old one is free to go, the new one is in use.
+        let pd2 = m.alloc_pd();
+        m.reregister(k.lkey, Some(pd2), None, None).unwrap();
+        assert_eq!(
+            m.check(k.rkey, pd, 0x1000, 1, w),
+            Err(MemError::WrongPd { key: k.rkey })
+        );
+        assert!(m.check(k.rkey, pd2, 0x1000, 1, w).is_ok());
+        assert_eq!(m.dealloc_pd(pd2), Err(MemError::PdBusy(pd2)));
+        assert_eq!(m.dealloc_pd(pd), Ok(()));
+        // Memory: the old range is gone, the new one reached; the old memory
+        // comes back as it was.
+        let s = m.check(k.rkey, pd2, 0x1000, 1, w).unwrap();
+        m.write(s, &[7]);
+        let old = m
+            .reregister(k.lkey, None, None, Some((0x9000, Box::new(vec![0u8; 16]))))
+            .unwrap()
+            .expect("the old memory");
+        let mut b = [0u8];
+        old.read(0, &mut b);
+        assert_eq!((old.len(), b[0]), (256, 7));
+        assert!(matches!(
+            m.check(k.rkey, pd2, 0x1000, 1, w),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            m.check(k.rkey, pd2, 0x9000, 17, w),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        let s = m.check(k.rkey, pd2, 0x900F, 1, w).unwrap();
+        m.write(s, &[9]);
+    }
+
+    #[test]
+    fn a_refused_rereg_changes_nothing() {
+        let (mut m, pd, k) = setup();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let pd2 = m.alloc_pd();
+        let gone = m.alloc_pd();
+        m.dealloc_pd(gone).unwrap();
+        assert_eq!(
+            m.reregister(k.lkey, Some(gone), Some(Access::NONE), None)
+                .map(drop)
+                .unwrap_err(),
+            MemError::NoSuchPd(gone)
+        );
+        // A bad access with a good domain: the domain stays too.
+        assert_eq!(
+            m.reregister(k.lkey, Some(pd2), Some(Access::REMOTE_WRITE), None)
+                .map(drop)
+                .unwrap_err(),
+            MemError::RemoteWriteNeedsLocalWrite
+        );
+        assert!(m.check(k.rkey, pd, 0x1000, 1, rw).is_ok());
+        assert!(matches!(
+            m.reregister(
+                k.lkey,
+                None,
+                None,
+                Some((u64::MAX - 3, Box::new(vec![0u8; 8])))
+            ),
+            Err(MemError::AddressOverflow { .. })
+        ));
+        assert_eq!(
+            m.reregister(k.lkey, None, Some(Access::FLUSH_PERSISTENT), None)
+                .map(drop)
+                .unwrap_err(),
+            MemError::CannotPersist
+        );
+        assert_eq!(
+            m.reregister(k.lkey ^ 1, None, Some(Access::NONE), None)
+                .map(drop)
+                .unwrap_err(),
+            MemError::InvalidKey(k.lkey ^ 1)
+        );
+        // The same rights, domain and memory; pd2 never gained a user.
+        assert!(m.check(k.rkey, pd, 0x10FF, 1, rw).is_ok());
+        assert_eq!(m.dealloc_pd(pd2), Ok(()));
+    }
+
+    #[test]
+    fn rereg_is_refused_while_windows_are_bound() {
+        let mut m = Memory::new(4);
+        let pd = m.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
+        let k = m.register(pd, 0x4000, Box::new(vec![0u8; 64]), rw).unwrap();
+        let mw = m.alloc_mw(pd).unwrap();
+        let b = MwBind {
+            mw_rkey: mw,
+            new_rkey: (mw & !0xFF) | ((mw + 1) & 0xFF),
+            mr_lkey: k.lkey,
+            addr: 0x4000,
+            length: 64,
+            access: Access::REMOTE_WRITE,
+        };
+        m.bind_mw(pd, 7, &b).unwrap();
+        assert_eq!(
+            m.reregister(k.lkey, None, None, Some((0, Box::new(vec![0u8; 8]))))
+                .map(drop)
+                .unwrap_err(),
+            MemError::WindowsBound(k.lkey)
+        );
     }
 
     #[test]

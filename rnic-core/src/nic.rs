@@ -569,6 +569,18 @@ impl Nic {
         Ok(self.mem.register(pd, iova, region, access)?)
     }
 
+    /// Change a registered region in place (`ibv_rereg_mr`), keeping its
+    /// keys: see [`Memory::reregister`](crate::mem::Memory::reregister).
+    pub fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdHandle>,
+        access: Option<Access>,
+        translation: Option<(u64, Box<dyn Region>)>,
+    ) -> Result<Option<Box<dyn Region>>, VerbError> {
+        Ok(self.mem.reregister(lkey, pd, access, translation)?)
+    }
+
     /// Deregister memory and take it back.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<Box<dyn Region>, VerbError> {
         Ok(self.mem.deregister(lkey)?)

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use rnic_core::cq::CqHandle;
-use rnic_core::mem::PdHandle;
 pub use rnic_core::mem::{Access, MwBind};
+use rnic_core::mem::{MemError, PdHandle};
 pub use rnic_core::qp::{AddressVector, AttrMask, QpAttr, QpState};
 pub use rnic_core::qp::{Mtu, QpType};
 pub use rnic_core::srq::AsyncEvent;
@@ -699,6 +699,72 @@ impl MemoryRegion {
         }
         Ok(())
     }
+    /// Change the region in place (`ibv_rereg_mr`), keeping its keys: move
+    /// it to protection domain `pd` (of the same device), give it rights
+    /// `access`, or both. On an error nothing changed. Refused while memory
+    /// windows are bound to it.
+    pub fn rereg(&mut self, pd: Option<&ProtectionDomain>, access: Option<Access>) -> Result<()> {
+        self.rereg_inner(pd, access, None)
+    }
+
+    /// [`MemoryRegion::rereg`], and also (if `memory` is given) cover other
+    /// memory: `len` bytes at `addr`, at I/O virtual address `iova` (the
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION` of `ibv_rereg_mr`). Operations in
+    /// flight that name the old addresses then fail their checks; the old
+    /// memory is the caller's again when this returns.
+    ///
+    /// # Safety
+    /// As [`ProtectionDomain::register_foreign`]: the new memory must stay
+    /// valid until the region is deregistered or changed again.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg_foreign(
+        &mut self,
+        pd: Option<&ProtectionDomain>,
+        access: Option<Access>,
+        memory: Option<(std::ptr::NonNull<u8>, usize, u64)>,
+    ) -> Result<()> {
+        let memory = memory.map(|(addr, len, iova)| {
+            // SAFETY: the caller's promise, passed on.
+            (unsafe { DmaBuf::foreign(addr, len) }, iova)
+        });
+        self.rereg_inner(pd, access, memory)
+    }
+
+    fn rereg_inner(
+        &mut self,
+        pd: Option<&ProtectionDomain>,
+        access: Option<Access>,
+        memory: Option<(DmaBuf, u64)>,
+    ) -> Result<()> {
+        if !self.registered {
+            return Err(VerbError::Mem(MemError::InvalidKey(self.lkey)).into());
+        }
+        let pd = match pd {
+            // A domain's handle means nothing to another device's NIC.
+            Some(p) if !Arc::ptr_eq(&p.dev.engine, &self.dev.engine) => {
+                return Err(VerbError::Mem(MemError::NoSuchPd(p.pd)).into())
+            }
+            Some(p) => Some(p.pd),
+            None => None,
+        };
+        let memory = memory.map(|(buf, iova)| (Arc::new(buf), iova));
+        let translation = memory.as_ref().map(|(buf, iova)| {
+            (
+                *iova,
+                Box::new(memory::Shared(buf.clone())) as Box<dyn rnic_core::mem::Region>,
+            )
+        });
+        let lkey = self.lkey;
+        // The old memory's handle is dropped in the engine, after which the
+        // NIC cannot reach it.
+        self.dev
+            .call(move |st| st.nic.rereg_mr(lkey, pd, access, translation).map(drop))??;
+        if let Some((buf, _)) = memory {
+            self.buf = buf;
+        }
+        Ok(())
+    }
+
     /// Copy `data` into the region at `offset`; false if it does not fit.
     pub fn write(&self, offset: usize, data: &[u8]) -> bool {
         self.buf.write(offset, data)

@@ -125,17 +125,104 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
     })
 }
 
+/// `ibv_rereg_mr`: change a region in place, keeping its keys (as
+/// rdma_rxe keeps them). Returns 0, or with errno set
+/// IBV_REREG_MR_ERR_INPUT for arguments rdma-core refuses before asking
+/// the device, IBV_REREG_MR_ERR_CMD for what the device refuses (a domain
+/// or rights it does not take, windows bound: then nothing changed). A new
+/// translation covers `length` bytes at `addr`, at I/O virtual address
+/// `addr`; rnic never pins, so there is no fork protection to move.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut sys::ibv_mr,
-    _flags: c_int,
-    _pd: *mut sys::ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+    mr: *mut sys::ibv_mr,
+    flags: c_int,
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
-    crate::unsupported("ibv_rereg_mr");
-    libc::EOPNOTSUPP
+    let input = |e| Err((sys::IBV_REREG_MR_ERR_INPUT, e));
+    let result = ffi::errno_call(|| {
+        // SAFETY: the program's arguments, each checked here.
+        match unsafe { rereg(mr, flags, pd, addr, length, access, input) } {
+            Ok(()) => Ok(()),
+            Err((code, errno)) => {
+                ffi::set_errno(errno);
+                Err(code)
+            }
+        }
+    });
+    if result == libc::EIO {
+        // A panic caught at the boundary: errno is EIO already.
+        return sys::IBV_REREG_MR_ERR_CMD;
+    }
+    result
+}
+
+type ReregError = (c_int, i32);
+
+unsafe fn rereg(
+    mr: *mut sys::ibv_mr,
+    flags: c_int,
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+    input: impl Fn(i32) -> Result<(), ReregError>,
+) -> Result<(), ReregError> {
+    let flags = flags as u32;
+    if flags & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        return input(libc::EINVAL);
+    }
+    let translation = flags & sys::IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    if translation && (length == 0 || addr.is_null()) {
+        return input(libc::EINVAL);
+    }
+    if access != 0 && flags & sys::IBV_REREG_MR_CHANGE_ACCESS == 0 {
+        return input(libc::EINVAL);
+    }
+    let cmd = |e| (sys::IBV_REREG_MR_ERR_CMD, e);
+    // SAFETY: the program's pointers.
+    let m = unsafe { Mr::from_c(mr) }.map_err(|e| (sys::IBV_REREG_MR_ERR_INPUT, e))?;
+    let new_pd = if flags & sys::IBV_REREG_MR_CHANGE_PD != 0 {
+        // SAFETY: as above.
+        Some(unsafe { Pd::from_c(pd) }.map_err(cmd)?)
+    } else {
+        None
+    };
+    let new_access = if flags & sys::IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        Some(access_of(access as u32).map_err(cmd)?)
+    } else {
+        None
+    };
+    let memory = if translation {
+        if (addr as usize).checked_add(length).is_none() {
+            return Err(cmd(libc::EINVAL));
+        }
+        let ptr = NonNull::new(addr.cast::<u8>()).ok_or(cmd(libc::EFAULT))?;
+        Some((ptr, length, addr as u64))
+    } else {
+        None
+    };
+    // SAFETY: verbs' contract, as for ibv_reg_mr: the program keeps the new
+    // memory mapped until ibv_dereg_mr or the next ibv_rereg_mr.
+    unsafe {
+        m.mr.lock()
+            .rereg_foreign(new_pd.map(|p| &p.pd), new_access, memory)
+    }
+    .map_err(|e| cmd(ffi::errno_of(&e)))?;
+    // The program reads these fields itself: they follow the change.
+    // SAFETY: `mr` was checked to be one of ours above.
+    unsafe {
+        if let Some(p) = new_pd {
+            (*mr).pd = p.as_c();
+        }
+        if translation {
+            (*mr).addr = addr;
+            (*mr).length = length;
+        }
+    }
+    Ok(())
 }
 
 /// IBV_ADVISE_MR_FLAG_FLUSH (ib_user_ioctl_verbs.h; an enum bindgen skips).

@@ -15,6 +15,9 @@
  *     in use, inline data over 256 bytes, an invalid attribute the mask
  *     names: each refused with rdma-core's errno; an ibv_wr_* batch with
  *     one bad request posts none of its requests;
+ *   - ibv_rereg_mr keeps the keys and changes what they open: rights,
+ *     memory, protection domain; rdma-core's input errors, and a refusal
+ *     that changes nothing;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -99,6 +102,99 @@ static struct ibv_wc next_wc(void)
 	}
 	fprintf(stderr, "no completion\n");
 	exit(1);
+}
+
+/* One RDMA WRITE of 64 bytes from `from` to `to` (rkey `rkey`) on qp; its
+ * completion status. */
+static enum ibv_wc_status write64(struct ibv_qp *qp, uint64_t id, void *from, uint32_t lkey,
+				  void *to, uint32_t rkey)
+{
+	struct ibv_sge s = { .addr = (uintptr_t)from, .length = 64, .lkey = lkey };
+	struct ibv_send_wr w = { .wr_id = id, .sg_list = &s, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)to, .rkey = rkey } }, *bad;
+	CHECK(ibv_post_send(qp, &w, &bad) == 0);
+	return wait_wc(id).status;
+}
+
+/* A connected pair of fresh QPs: *p writes to *q. */
+static void qp_pair(struct ibv_qp **p, struct ibv_qp **q)
+{
+	*p = make_qp(NULL);
+	*q = make_qp(NULL);
+	connect_qp(*p, (*q)->qp_num, 7);
+	connect_qp(*q, (*p)->qp_num, 7);
+}
+
+static void rereg_paths(void)
+{
+	char *src = malloc(64), *dst = calloc(1, 4096), *dst2 = calloc(1, 64);
+	CHECK(src && dst && dst2);
+	memset(src, 0x5A, 64);
+	struct ibv_mr *s = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *r = ibv_reg_mr(pd, dst, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(s && r);
+	uint32_t lkey = r->lkey, rkey = r->rkey;
+	struct ibv_qp *p, *q;
+	qp_pair(&p, &q);
+
+	/* What rdma-core refuses before asking the device. */
+	errno = 0;
+	CHECK(ibv_rereg_mr(r, 1 << 5, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT &&
+	      errno == EINVAL);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) ==
+		      IBV_REREG_MR_ERR_INPUT && errno == EINVAL);
+	/* What the device refuses (remote write needs local write; a domain
+	 * that is not one): nothing changes. */
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) ==
+		      IBV_REREG_MR_ERR_CMD && errno == EINVAL);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS, (struct ibv_pd *)src,
+			   NULL, 0, IBV_ACCESS_LOCAL_WRITE) == IBV_REREG_MR_ERR_CMD);
+	CHECK(write64(p, 20, src, s->lkey, dst + 100, rkey) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst[100] == 0x5A && (unsigned char)dst[163] == 0x5A);
+
+	/* Rights: local only, and the same rkey is refused. */
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0);
+	CHECK(r->lkey == lkey && r->rkey == rkey && r->pd == pd);
+	CHECK(write64(p, 21, src, s->lkey, dst + 200, rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(dst[200] == 0);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+
+	/* Memory: the keys open 64 bytes at dst2 now, and dst no more. */
+	qp_pair(&p, &q);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, NULL, dst2,
+			   64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == 0);
+	CHECK(r->addr == dst2 && r->length == 64 && r->rkey == rkey);
+	CHECK(write64(p, 22, src, s->lkey, dst2, rkey) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst2[0] == 0x5A && (unsigned char)dst2[63] == 0x5A);
+	CHECK(write64(p, 23, src, s->lkey, dst + 300, rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(dst[300] == 0);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+
+	/* Domain: in another PD the region is closed to this PD's QPs, and
+	 * that PD is in use until the region moves back. */
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	CHECK(pd2);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) == 0);
+	CHECK(r->pd == pd2 && r->rkey == rkey);
+	qp_pair(&p, &q);
+	CHECK(write64(p, 24, src, s->lkey, dst2, rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY);
+	CHECK(ibv_rereg_mr(r, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) == 0);
+	CHECK(ibv_dealloc_pd(pd2) == 0);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+	qp_pair(&p, &q);
+	memset(dst2, 0, 64);
+	CHECK(write64(p, 25, src, s->lkey, dst2, rkey) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst2[31] == 0x5A);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+
+	CHECK(ibv_dereg_mr(r) == 0 && ibv_dereg_mr(s) == 0);
+	free(src);
+	free(dst);
+	free(dst2);
+	printf("rereg: rights, memory and domain change under the same keys\n");
 }
 
 int main(void)
@@ -334,6 +430,8 @@ int main(void)
 	CHECK(ibv_destroy_cq(chcq) == 0);
 	CHECK(ibv_destroy_comp_channel(ch) == 0);
 	printf("misuse: foreign pointers, busy objects, long inline, masked attributes refused\n");
+
+	rereg_paths();
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
