@@ -42,6 +42,14 @@ impl Cq {
         false
     }
 
+    /// Remove the completions of QP `qpn` (a QP reset, as mlx5 cleans its
+    /// CQs); how many there were.
+    pub fn remove_qp(&mut self, qpn: u32) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|c| c.qp_num != qpn);
+        before - self.entries.len()
+    }
+
     /// Take up to `max` completions, oldest first.
     pub fn poll(&mut self, max: usize) -> Vec<Completion> {
         let n = max.min(self.entries.len());

@@ -690,6 +690,11 @@ impl Nic {
         Ok(out)
     }
 
+    /// The send and receive CQs of QP `qpn`.
+    pub fn qp_cqs(&self, qpn: u32) -> Option<(CqHandle, CqHandle)> {
+        self.qps.get(qpn).map(|q| (q.send_cq, q.recv_cq))
+    }
+
     /// Take up to `max` completions.
     pub fn poll_cq(&mut self, cq: CqHandle, max: usize) -> Result<Vec<Completion>, VerbError> {
         Ok(self.cq_mut(cq)?.poll(max))
@@ -767,7 +772,20 @@ impl Nic {
         let t =
             qp::modify(qp.qp_type, &mut qp.attr, attr, mask, &limits).map_err(VerbError::Modify)?;
         match (t.from, t.to) {
-            (_, QpState::Reset) => qp.reset(&mut ctx),
+            (_, QpState::Reset) => {
+                qp.reset(&mut ctx);
+                // Completions of the QP not yet polled go too (flushed
+                // receives, say): a program that resets a QP after an error
+                // and uses it again sees nothing from before, as mlx5 cleans
+                // its CQs (mlx5_cq_clean). The layer holding completions
+                // handed over to the program cleans those
+                // ([`Nic::qp_cqs`]).
+                for h in [qp.send_cq, qp.recv_cq] {
+                    if let Some(q) = ctx.cqs.get_mut(h.0 as usize) {
+                        q.remove_qp(qpn);
+                    }
+                }
+            }
             (QpState::Init, QpState::Rtr) => {
                 qp.epsn = Psn::new(qp.attr.rq_psn);
                 qp.msn = 0;

@@ -327,6 +327,51 @@ fn a_receive_with_a_bad_lkey_is_a_protection_error() {
 /// Moving a QP to RESET empties its queues without a completion (rdma_rxe's
 /// rxe_qp_reset): a CQ shared with other QPs, or the same QP brought back,
 /// sees nothing stale. Then the QP works again.
+/// Completions a QP left unpolled (receives flushed by its error) go with
+/// it to RESET, as mlx5 cleans its CQs: a program that resets the QP and
+/// uses it again polls nothing from before. Another QP's stay.
+#[test]
+fn reset_takes_the_qps_unpolled_completions_out_of_its_cqs() {
+    let mut p = Pair::new(48, &Params::default());
+    let now = p.c.now;
+    let (pd, cq) = (p.a.pd, p.a.cq);
+    let nic = &mut p.c.nics[0];
+    let other = nic
+        .create_qp(pd, rnic_core::qp::QpType::Rc, cq, cq, Default::default())
+        .unwrap();
+    let attr = rnic_core::qp::QpAttr {
+        dest_qp_num: p.b.qpn,
+        ..nic.query_qp(p.a.qpn).unwrap()
+    };
+    nic.to_rts(now, other, &attr).unwrap();
+    for (qpn, wr_id) in [(p.a.qpn, 1), (p.a.qpn, 2), (other, 3)] {
+        let recv = rnic_core::wr::RecvWr {
+            wr_id,
+            sg_list: p.sge_a(0, 8),
+        };
+        p.c.nics[0].post_recv(now, qpn, recv).unwrap();
+    }
+    let nic = &mut p.c.nics[0];
+    for qpn in [p.a.qpn, other] {
+        let attr = rnic_core::qp::QpAttr {
+            qp_state: QpState::Err,
+            ..nic.query_qp(qpn).unwrap()
+        };
+        nic.modify_qp(now, qpn, &attr, AttrMask::STATE).unwrap();
+    }
+    let attr = rnic_core::qp::QpAttr {
+        qp_state: QpState::Reset,
+        ..nic.query_qp(p.a.qpn).unwrap()
+    };
+    nic.modify_qp(now, p.a.qpn, &attr, AttrMask::STATE).unwrap();
+    let left: Vec<_> = p
+        .completions(0)
+        .iter()
+        .map(|c| (c.wr_id, c.qp_num, c.status))
+        .collect();
+    assert_eq!(left, vec![(3, other, WcStatus::WrFlushErr)]);
+}
+
 #[test]
 fn reset_discards_work_requests_without_completions() {
     let mut p = Pair::new(47, &Params::default());

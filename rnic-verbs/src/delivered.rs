@@ -43,6 +43,11 @@ impl Delivered {
         self.queue.lock().pop_front()
     }
 
+    /// Remove those of QP `qpn`.
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.queue.lock().retain(|c| c.qp_num != qpn);
+    }
+
     /// How many are waiting.
     pub(crate) fn len(&self) -> usize {
         self.queue.lock().len()

@@ -1159,7 +1159,19 @@ impl QueuePair {
             let now = st.now();
             let _in_qp = st.qp_span(qpn).entered();
             tracing::debug!(?mask, state = %attr.qp_state, "modify_qp");
-            st.nic.modify_qp(now, qpn, &attr, mask)
+            st.nic.modify_qp(now, qpn, &attr, mask)?;
+            if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
+                // What the program has not polled of the QP goes, as in
+                // the NIC's own queues.
+                if let Some((s, r)) = st.nic.qp_cqs(qpn) {
+                    for h in [s, r] {
+                        if let Some(sink) = st.cqs.get(&h) {
+                            sink.delivered.remove_qp(qpn);
+                        }
+                    }
+                }
+            }
+            Ok::<(), VerbError>(())
         })??;
         Ok(())
     }

@@ -663,3 +663,37 @@ fn builder_modify_and_query_as_ibv_modify_qp_does() {
         Err(Error::Verb(VerbError::TooManySge { given: 3, max: 2 }))
     ));
 }
+
+/// A QP reset takes its unpolled completions with it, those already handed
+/// to the program included (receives flushed by an error): used again, it
+/// shows nothing from before. Another QP's on the same CQ stay.
+#[test]
+fn reset_takes_the_qps_unpolled_completions() {
+    let (a, b) = pair();
+    let other = a._pd.create_rc_qp(&a.cq, &a.cq, QpCaps::default()).unwrap();
+    other
+        .connect(&b.qp.endpoint(), &ConnectOptions::default())
+        .unwrap();
+    for (qp, wr_id) in [(&a.qp, 1), (&a.qp, 2), (&other, 3)] {
+        qp.post_recv(RecvWr {
+            wr_id,
+            sg_list: vec![a.mr.sge(0, 8)].into(),
+        })
+        .unwrap();
+    }
+    let to = |state| QpAttr {
+        qp_state: state,
+        ..QpAttr::default()
+    };
+    a.qp.modify(&to(QpState::Err), AttrMask::STATE).unwrap();
+    other.modify(&to(QpState::Err), AttrMask::STATE).unwrap();
+    // Handed over to the program, not polled.
+    let deadline = std::time::Instant::now() + T;
+    while a.cq.len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "three flushes");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    a.qp.modify(&to(QpState::Reset), AttrMask::STATE).unwrap();
+    let left: Vec<_> = a.cq.poll().iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(left, vec![(3, WcStatus::WrFlushErr)]);
+}
