@@ -279,13 +279,25 @@ struct Mr {
     windows: u32,
 }
 
-/// A type 2 memory window (`ibv_alloc_mw(IBV_MW_TYPE_2)`): an R_Key for part
-/// of a region, bound to one QP by a BIND_MW work request and invalidated by
-/// LOCAL_INV or by the peer's SEND_WITH_INV.
+/// A memory window: an R_Key for part of a region.
 struct Mw {
     pd: PdHandle,
     key: u8,
+    kind: MwType,
     bound: Option<Binding>,
+}
+
+/// The two kinds of memory window (IBTA 10.6.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwType {
+    /// Type 1 (`ibv_bind_mw`): opens its range to every QP of its domain;
+    /// bound again at any time (the new binding replaces the old), closed
+    /// by a bind of length 0, never by LOCAL_INV or SEND_WITH_INV.
+    One,
+    /// Type 2 (a BIND_MW work request): opens its range to the one QP that
+    /// bound it; bound only while free, and freed by LOCAL_INV or by the
+    /// peer's SEND_WITH_INV.
+    Two,
 }
 
 #[derive(Clone, Copy)]
@@ -667,7 +679,7 @@ impl Memory {
         if mw.pd != pd {
             return Err(MemError::WrongPd { key });
         }
-        if b.qpn != qpn {
+        if mw.kind == MwType::Two && b.qpn != qpn {
             return Err(MemError::WrongQp { key });
         }
         Ok(b)
@@ -676,6 +688,12 @@ impl Memory {
     /// Allocate a type 2 memory window in `pd`; returns its R_Key, valid only
     /// once a BIND_MW has bound it.
     pub fn alloc_mw(&mut self, pd: PdHandle) -> Result<u32, MemError> {
+        self.alloc_mw_of(pd, MwType::Two)
+    }
+
+    /// Allocate a memory window of type `kind` in `pd`; returns its R_Key,
+    /// which opens nothing until a bind.
+    pub fn alloc_mw_of(&mut self, pd: PdHandle, kind: MwType) -> Result<u32, MemError> {
         self.pd_acquire(pd)?;
         let index = match self.mws.iter().position(Option::is_none) {
             Some(i) => i,
@@ -694,6 +712,7 @@ impl Memory {
         self.mws[index] = Some(Mw {
             pd,
             key,
+            kind,
             bound: None,
         });
         Ok(((index | MW_INDEX) as u32) << 8 | u32::from(key))
@@ -726,8 +745,11 @@ impl Memory {
         }
     }
 
-    /// Bind a free type 2 window to part of a region, for QP `qpn` in `pd`
-    /// (a BIND_MW work request, IBTA 10.6.7). Returns the window's new R_Key.
+    /// Bind a window to part of a region through QP `qpn` in `pd` (a BIND_MW
+    /// work request, IBTA 10.6.7): a free type 2 window, for that QP; a type
+    /// 1 window, bound or not, for every QP of the domain, or closed by a
+    /// length of 0. Returns the window's new R_Key. Refused, changing
+    /// nothing, if any check fails.
     pub fn bind_mw(&mut self, pd: PdHandle, qpn: u32, b: &MwBind) -> Result<u32, MemError> {
         let key = b.mw_rkey;
         let bad = |reason| MemError::BadWindow { key, reason };
@@ -739,7 +761,8 @@ impl Memory {
             Some(Some(mw)) if mw.key == key as u8 => mw,
             _ => return Err(MemError::InvalidKey(key)),
         };
-        if mw.bound.is_some() {
+        let kind = mw.kind;
+        if kind == MwType::Two && mw.bound.is_some() {
             return Err(bad(
                 "a type 2 window must be invalidated before it is bound again",
             ));
@@ -747,8 +770,13 @@ impl Memory {
         if mw.pd != pd {
             return Err(MemError::WrongPd { key });
         }
-        if b.length == 0 {
+        if b.length == 0 && kind == MwType::Two {
             return Err(bad("a type 2 window cannot be bound with length 0"));
+        }
+        if b.length == 0 {
+            // Type 1 closed: it opens nothing, under a new key.
+            self.set_binding(index, b.new_rkey as u8, None);
+            return Ok(b.new_rkey);
         }
         // LOCAL_WRITE means nothing to a window, which only grants remote
         // rights; rdma_rxe and mlx5 accept it in a bind, and so does rnic.
@@ -785,22 +813,34 @@ impl Memory {
         if offset.checked_add(b.length).ok_or(out)? > mr.region.len() as u64 {
             return Err(out);
         }
-        if let Some(Some(mr)) = self.mrs.get_mut(mr_index) {
+        let binding = Binding {
+            mr: mr_index,
+            addr: b.addr,
+            len: b.length,
+            access,
+            qpn,
+        };
+        self.set_binding(index, b.new_rkey as u8, Some(binding));
+        Ok(b.new_rkey)
+    }
+
+    /// Give window `index` (its key's index part) the key byte `key` and
+    /// binding `bound`, moving the count of windows from the region it was
+    /// bound to, if any, to the new one.
+    fn set_binding(&mut self, index: usize, key: u8, bound: Option<Binding>) {
+        let slot = index & !MW_INDEX;
+        let Some(Some(mw)) = self.mws.get_mut(slot) else {
+            return;
+        };
+        let old = std::mem::replace(&mut mw.bound, bound);
+        mw.key = key;
+        self.last_mw_key[slot] = key;
+        if let Some(Some(mr)) = old.and_then(|o| self.mrs.get_mut(o.mr)) {
+            mr.windows = mr.windows.saturating_sub(1);
+        }
+        if let Some(Some(mr)) = bound.and_then(|n| self.mrs.get_mut(n.mr)) {
             mr.windows += 1;
         }
-        let new_key = b.new_rkey as u8;
-        self.last_mw_key[index & !MW_INDEX] = new_key;
-        if let Some(Some(mw)) = self.mws.get_mut(index & !MW_INDEX) {
-            mw.key = new_key;
-            mw.bound = Some(Binding {
-                mr: mr_index,
-                addr: b.addr,
-                len: b.length,
-                access,
-                qpn,
-            });
-        }
-        Ok(b.new_rkey)
     }
 
     /// Invalidate the window with R_Key `rkey`: LOCAL_INV on a QP in `pd`
@@ -826,6 +866,12 @@ impl Memory {
             Some(Some(mw)) if mw.key == rkey as u8 => mw,
             _ => return Err(MemError::InvalidKey(rkey)),
         };
+        if mw.kind == MwType::One {
+            return Err(MemError::BadWindow {
+                key: rkey,
+                reason: "a type 1 window is closed by a bind of length 0, not invalidated",
+            });
+        }
         let Some(b) = mw.bound else {
             return Err(MemError::BadWindow {
                 key: rkey,
@@ -1149,6 +1195,93 @@ mod tests {
                 .unwrap_err(),
             MemError::WindowsBound(k.lkey)
         );
+    }
+
+    #[test]
+    fn a_type_1_window_opens_to_every_qp_of_its_domain_and_rebinds() {
+        let mut m = Memory::new(5);
+        let pd = m.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
+        let k = m.register(pd, 0x4000, Box::new(vec![0u8; 64]), rw).unwrap();
+        let mw = m.alloc_mw_of(pd, MwType::One).unwrap();
+        let w = Access::REMOTE_WRITE;
+        assert!(m.check_remote(mw, pd, 7, 0x4000, 1, w).is_err(), "unbound");
+        let bind = |old: u32, addr, length| MwBind {
+            mw_rkey: old,
+            new_rkey: (old & !0xFF) | (old.wrapping_add(1) & 0xFF),
+            mr_lkey: k.lkey,
+            addr,
+            length,
+            access: w,
+        };
+        let k1 = m.bind_mw(pd, 7, &bind(mw, 0x4000, 16)).unwrap();
+        // Any QP of the domain, not only the one that bound it.
+        assert!(m.check_remote(k1, pd, 9, 0x400F, 1, w).is_ok());
+        assert!(matches!(
+            m.check_remote(k1, pd, 9, 0x4010, 1, w),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        let other = m.alloc_pd();
+        assert_eq!(
+            m.check_remote(k1, other, 9, 0x4000, 1, w),
+            Err(MemError::WrongPd { key: k1 })
+        );
+        // Never invalidated by LOCAL_INV or SEND_WITH_INV.
+        assert!(matches!(
+            m.invalidate(k1, pd, None),
+            Err(MemError::BadWindow { .. })
+        ));
+        assert!(matches!(
+            m.invalidate(k1, pd, Some(9)),
+            Err(MemError::BadWindow { .. })
+        ));
+        // Bound again while bound: the new range replaces the old, under a
+        // new key; the old key opens nothing.
+        let k2 = m.bind_mw(pd, 9, &bind(k1, 0x4020, 32)).unwrap();
+        assert_eq!(m.check_remote(k1, pd, 7, 0x4020, 1, w), Err(MemError::InvalidKey(k1)));
+        assert!(m.check_remote(k2, pd, 7, 0x403F, 1, w).is_ok());
+        assert!(m.check_remote(k2, pd, 7, 0x4000, 1, w).is_err());
+        assert_eq!(m.deregister(k.lkey).map(drop), Err(MemError::WindowsBound(k.lkey)));
+        // Length 0 closes it; the region is free to go.
+        let b0 = MwBind {
+            mr_lkey: 0,
+            addr: 0,
+            ..bind(k2, 0, 0)
+        };
+        let k3 = m.bind_mw(pd, 7, &b0).unwrap();
+        assert_ne!(k3, k2);
+        assert!(m.check_remote(k3, pd, 7, 0x4020, 1, w).is_err());
+        assert!(m.check_remote(k2, pd, 7, 0x4020, 1, w).is_err());
+        assert!(m.deregister(k.lkey).is_ok());
+    }
+
+    #[test]
+    fn a_refused_type_1_bind_leaves_the_old_binding() {
+        let mut m = Memory::new(6);
+        let pd = m.alloc_pd();
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND;
+        let k = m.register(pd, 0x4000, Box::new(vec![0u8; 64]), rw).unwrap();
+        let mw = m.alloc_mw_of(pd, MwType::One).unwrap();
+        let b = MwBind {
+            mw_rkey: mw,
+            new_rkey: (mw & !0xFF) | (mw.wrapping_add(1) & 0xFF),
+            mr_lkey: k.lkey,
+            addr: 0x4000,
+            length: 64,
+            access: Access::REMOTE_READ,
+        };
+        let k1 = m.bind_mw(pd, 7, &b).unwrap();
+        let past = MwBind {
+            mw_rkey: k1,
+            new_rkey: (k1 & !0xFF) | (k1.wrapping_add(1) & 0xFF),
+            length: 65,
+            ..b
+        };
+        assert!(matches!(
+            m.bind_mw(pd, 7, &past),
+            Err(MemError::OutOfBounds { .. })
+        ));
+        assert!(m.check_remote(k1, pd, 3, 0x403F, 1, Access::REMOTE_READ).is_ok());
     }
 
     #[test]

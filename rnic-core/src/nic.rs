@@ -592,6 +592,11 @@ impl Nic {
         Ok(self.mem.alloc_mw(pd)?)
     }
 
+    /// Allocate a memory window of type `kind` (`ibv_alloc_mw`).
+    pub fn alloc_mw_of(&mut self, pd: PdHandle, kind: crate::mem::MwType) -> Result<u32, VerbError> {
+        Ok(self.mem.alloc_mw_of(pd, kind)?)
+    }
+
     /// Free a memory window (`ibv_dealloc_mw`), by its current R_Key.
     pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), VerbError> {
         Ok(self.mem.dealloc_mw(rkey)?)

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 use rnic_core::cq::CqHandle;
-pub use rnic_core::mem::{Access, MwBind};
+pub use rnic_core::mem::{Access, MwBind, MwType};
 use rnic_core::mem::{MemError, PdHandle};
 pub use rnic_core::qp::{AddressVector, AttrMask, QpAttr, QpState};
 pub use rnic_core::qp::{Mtu, QpType};
@@ -534,11 +534,24 @@ impl ProtectionDomain {
     }
 
     /// Allocate a type 2 memory window (`ibv_alloc_mw(IBV_MW_TYPE_2)`): it
-    /// opens nothing until [`QueuePair::bind_mw`] binds it.
+    /// opens nothing until [`QueuePair::bind_mw`] binds it, for that QP.
     pub fn alloc_mw(&self) -> Result<MemoryWindow> {
+        self.alloc_mw_of(MwType::Two)
+    }
+
+    /// Allocate a type 1 memory window (`ibv_alloc_mw(IBV_MW_TYPE_1)`):
+    /// once bound ([`QueuePair::bind_mw`] through any QP of this domain) it
+    /// opens its range to every QP of the domain; bound again, the new range
+    /// replaces the old; bound with length 0 it closes.
+    pub fn alloc_type1_mw(&self) -> Result<MemoryWindow> {
+        self.alloc_mw_of(MwType::One)
+    }
+
+    fn alloc_mw_of(&self, kind: MwType) -> Result<MemoryWindow> {
         let pd = self.pd;
-        let rkey = self.dev.call(move |st| st.nic.alloc_mw(pd))??;
+        let rkey = self.dev.call(move |st| st.nic.alloc_mw_of(pd, kind))??;
         Ok(MemoryWindow {
+            kind,
             dev: self.dev.clone(),
             rkey: AtomicU32::new(rkey),
         })
@@ -783,14 +796,19 @@ impl Drop for MemoryRegion {
     }
 }
 
-/// A type 2 memory window. Dropping it frees it (`ibv_dealloc_mw`).
+/// A memory window (type 1 or 2). Dropping it frees it (`ibv_dealloc_mw`).
 #[derive(Debug)]
 pub struct MemoryWindow {
+    kind: MwType,
     dev: Device,
     rkey: AtomicU32,
 }
 
 impl MemoryWindow {
+    /// Type 1 or type 2.
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
     /// Its R_Key: the one the last [`QueuePair::bind_mw`] gave it (what a
     /// peer needs), or its first, unbound one.
     pub fn rkey(&self) -> u32 {

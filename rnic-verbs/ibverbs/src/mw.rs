@@ -1,9 +1,13 @@
-//! Memory windows (`ibv_alloc_mw`): type 2, bound by a BIND_MW work request.
+//! Memory windows (`ibv_alloc_mw`): type 2, bound by a BIND_MW work request;
+//! type 1, bound by `ibv_bind_mw`, which posts that work request for the
+//! program (as rdma_rxe's provider does).
 
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 
-use rnic_verbs::MemoryWindow;
+use rnic_verbs::{MemoryWindow, MwType};
+
+use crate::qp::Qp;
 
 use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
@@ -39,10 +43,12 @@ pub(crate) unsafe extern "C" fn alloc_mw(
     ffi::ptr_call(|| {
         // SAFETY: the program's pointer.
         let p = unsafe { Pd::from_c(pd)? };
-        if kind != sys::IBV_MW_TYPE_2 {
-            return Err(libc::EOPNOTSUPP);
+        let mw = match kind {
+            sys::IBV_MW_TYPE_1 => p.pd.alloc_type1_mw(),
+            sys::IBV_MW_TYPE_2 => p.pd.alloc_mw(),
+            _ => return Err(libc::EOPNOTSUPP),
         }
-        let mw = p.pd.alloc_mw().map_err(|e| ffi::errno_of(&e))?;
+        .map_err(|e| ffi::errno_of(&e))?;
         let c = sys::ibv_mw {
             context: p.ctx,
             pd,
@@ -67,11 +73,27 @@ pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut sys::ibv_mw) -> c_int {
     })
 }
 
-/// Type 1 binds (`ibv_bind_mw`): rnic's windows are type 2.
+/// `ibv_bind_mw`, for a type 1 window (verbs.h has checked the type, and
+/// that the region is in the window's domain): a BIND_MW work request on
+/// `qp` with the window's next key (`ibv_inc_rkey`), which the window takes
+/// at once, as the program reads it after the call.
 pub(crate) unsafe extern "C" fn bind_mw(
-    _qp: *mut sys::ibv_qp,
-    _mw: *mut sys::ibv_mw,
-    _bind: *mut sys::ibv_mw_bind,
+    qp: *mut sys::ibv_qp,
+    mw: *mut sys::ibv_mw,
+    bind: *mut sys::ibv_mw_bind,
 ) -> c_int {
-    libc::EOPNOTSUPP
+    ffi::errno_call(|| {
+        // SAFETY: the program's pointers.
+        let (q, m) = unsafe { (Qp::from_c(qp)?, Mw::from_c(mw)?) };
+        // SAFETY: as above; null is refused.
+        let b = unsafe { bind.as_ref() }.ok_or(libc::EINVAL)?;
+        if m.mw.kind() != MwType::One {
+            return Err(libc::EINVAL);
+        }
+        let old = m.mw.rkey();
+        let new_rkey = (old & !0xFF) | (old.wrapping_add(1) & 0xFF);
+        let (signaled, _, _) = crate::qp::flags(q, b.send_flags);
+        // SAFETY: `mw` is checked; `bind_info.mr` is the program's.
+        unsafe { crate::qp::bind(q, b.wr_id, mw, new_rkey, &b.bind_info, signaled) }
+    })
 }

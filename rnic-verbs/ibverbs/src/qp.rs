@@ -470,7 +470,8 @@ unsafe fn inline_bytes(
     Ok(v)
 }
 
-fn flags(qp: &Qp, send_flags: u32) -> (bool, bool, bool) {
+/// Signaled, solicited, fenced: what `send_flags` (and the QP) ask.
+pub(crate) fn flags(qp: &Qp, send_flags: u32) -> (bool, bool, bool) {
     (
         qp.sq_sig_all || send_flags & sys::IBV_SEND_SIGNALED != 0,
         send_flags & sys::IBV_SEND_SOLICITED != 0,
@@ -565,11 +566,11 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
     r.map_err(|e| ffi::errno_of(&e))
 }
 
-/// A type 2 window bind (`IBV_WR_BIND_MW`, `ibv_wr_bind_mw`).
+/// A window bind (`IBV_WR_BIND_MW`, `ibv_wr_bind_mw`, `ibv_bind_mw`).
 ///
 /// # Safety
 /// `mw` and `info.mr` must be null or the program's objects.
-unsafe fn bind(
+pub(crate) unsafe fn bind(
     q: &Qp,
     wr_id: u64,
     mw: *mut sys::ibv_mw,

@@ -18,6 +18,8 @@
  *   - ibv_rereg_mr keeps the keys and changes what they open: rights,
  *     memory, protection domain; rdma-core's input errors, and a refusal
  *     that changes nothing;
+ *   - a type 1 window, bound by ibv_bind_mw: open to the domain's QPs, bound
+ *     again over another range, never invalidated, closed by length 0;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -195,6 +197,82 @@ static void rereg_paths(void)
 	free(dst);
 	free(dst2);
 	printf("rereg: rights, memory and domain change under the same keys\n");
+}
+
+/* The next completion, which must be the bind `id`'s, and its status. */
+static enum ibv_wc_status bound(uint64_t id)
+{
+	struct ibv_wc wc = wait_wc(id);
+	CHECK(wc.status != IBV_WC_SUCCESS || wc.opcode == IBV_WC_BIND_MW);
+	return wc.status;
+}
+
+static void type1_window_paths(void)
+{
+	char *src = malloc(64), *dst = calloc(1, 256);
+	CHECK(src && dst);
+	memset(src, 0x3C, 64);
+	struct ibv_mr *s = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *r = ibv_reg_mr(pd, dst, 256, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_MW_BIND);
+	struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	CHECK(s && r && mw && mw->type == IBV_MW_TYPE_1);
+	struct ibv_qp *p, *q, *binder;
+	qp_pair(&p, &q);
+	binder = make_qp(NULL);
+	connect_qp(binder, q->qp_num, 7);
+
+	/* Bound through one QP, it opens [dst, dst+64) to the WRITEs another
+	 * QP of the domain (p's peer q) receives. */
+	uint32_t before = mw->rkey;
+	struct ibv_mw_bind b = { .wr_id = 30, .send_flags = IBV_SEND_SIGNALED,
+		.bind_info = { .mr = r, .addr = (uintptr_t)dst, .length = 64,
+			       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } };
+	CHECK(ibv_bind_mw(binder, mw, &b) == 0);
+	CHECK(mw->rkey != before && (mw->rkey >> 8) == (before >> 8));
+	CHECK(bound(30) == IBV_WC_SUCCESS);
+	uint32_t k1 = mw->rkey;
+	CHECK(write64(p, 31, src, s->lkey, dst, k1) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst[63] == 0x3C);
+
+	/* Bound again while bound: [dst+128, dst+192) under a new key; the old
+	 * key and the old range open nothing. */
+	b.wr_id = 32;
+	b.bind_info.addr = (uintptr_t)dst + 128;
+	CHECK(ibv_bind_mw(binder, mw, &b) == 0 && bound(32) == IBV_WC_SUCCESS);
+	uint32_t k2 = mw->rkey;
+	CHECK(k2 != k1);
+	CHECK(write64(p, 33, src, s->lkey, dst + 128, k2) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst[191] == 0x3C);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+	qp_pair(&p, &q);
+	CHECK(write64(p, 34, src, s->lkey, dst + 128, k1) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+
+	/* LOCAL_INV does not close a type 1 window: the request fails, the
+	 * window stays open. */
+	qp_pair(&p, &q);
+	struct ibv_send_wr inv = { .wr_id = 35, .opcode = IBV_WR_LOCAL_INV,
+		.send_flags = IBV_SEND_SIGNALED, .invalidate_rkey = k2 }, *bad;
+	CHECK(ibv_post_send(p, &inv, &bad) == 0);
+	CHECK(wait_wc(35).status != IBV_WC_SUCCESS);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+	CHECK(ibv_dereg_mr(r) == EBUSY);
+
+	/* Length 0 closes it (a new key again), and the region can go. */
+	struct ibv_mw_bind close = { .wr_id = 36, .send_flags = IBV_SEND_SIGNALED };
+	CHECK(ibv_destroy_qp(binder) == 0);
+	binder = make_qp(NULL);
+	connect_qp(binder, binder->qp_num, 7);
+	CHECK(ibv_bind_mw(binder, mw, &close) == 0 && bound(36) == IBV_WC_SUCCESS);
+	CHECK(mw->rkey != k2);
+	qp_pair(&p, &q);
+	CHECK(write64(p, 37, src, s->lkey, dst + 128, mw->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0 && ibv_destroy_qp(binder) == 0);
+	CHECK(ibv_dereg_mr(r) == 0 && ibv_dealloc_mw(mw) == 0 && ibv_dereg_mr(s) == 0);
+	free(src);
+	free(dst);
+	printf("type 1 window: open to the domain, rebound, not invalidated, closed by length 0\n");
 }
 
 int main(void)
@@ -432,6 +510,7 @@ int main(void)
 	printf("misuse: foreign pointers, busy objects, long inline, masked attributes refused\n");
 
 	rereg_paths();
+	type1_window_paths();
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
