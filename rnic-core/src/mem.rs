@@ -1238,10 +1238,16 @@ mod tests {
         // Bound again while bound: the new range replaces the old, under a
         // new key; the old key opens nothing.
         let k2 = m.bind_mw(pd, 9, &bind(k1, 0x4020, 32)).unwrap();
-        assert_eq!(m.check_remote(k1, pd, 7, 0x4020, 1, w), Err(MemError::InvalidKey(k1)));
+        assert_eq!(
+            m.check_remote(k1, pd, 7, 0x4020, 1, w),
+            Err(MemError::InvalidKey(k1))
+        );
         assert!(m.check_remote(k2, pd, 7, 0x403F, 1, w).is_ok());
         assert!(m.check_remote(k2, pd, 7, 0x4000, 1, w).is_err());
-        assert_eq!(m.deregister(k.lkey).map(drop), Err(MemError::WindowsBound(k.lkey)));
+        assert_eq!(
+            m.deregister(k.lkey).map(drop),
+            Err(MemError::WindowsBound(k.lkey))
+        );
         // Length 0 closes it; the region is free to go.
         let b0 = MwBind {
             mr_lkey: 0,
@@ -1281,7 +1287,9 @@ mod tests {
             m.bind_mw(pd, 7, &past),
             Err(MemError::OutOfBounds { .. })
         ));
-        assert!(m.check_remote(k1, pd, 3, 0x403F, 1, Access::REMOTE_READ).is_ok());
+        assert!(m
+            .check_remote(k1, pd, 3, 0x403F, 1, Access::REMOTE_READ)
+            .is_ok());
     }
 
     #[test]

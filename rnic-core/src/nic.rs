@@ -593,7 +593,11 @@ impl Nic {
     }
 
     /// Allocate a memory window of type `kind` (`ibv_alloc_mw`).
-    pub fn alloc_mw_of(&mut self, pd: PdHandle, kind: crate::mem::MwType) -> Result<u32, VerbError> {
+    pub fn alloc_mw_of(
+        &mut self,
+        pd: PdHandle,
+        kind: crate::mem::MwType,
+    ) -> Result<u32, VerbError> {
         Ok(self.mem.alloc_mw_of(pd, kind)?)
     }
 
