@@ -552,6 +552,18 @@ impl Nic {
         self.mem.alloc_pd()
     }
 
+    /// Count one more user of `pd` that is none of the NIC's own objects (a
+    /// parent domain over it): `dealloc_pd` is refused until
+    /// [`Nic::pd_release`].
+    pub fn pd_acquire(&mut self, pd: PdHandle) -> Result<(), VerbError> {
+        Ok(self.mem.pd_acquire(pd)?)
+    }
+
+    /// One user of `pd` fewer (see [`Nic::pd_acquire`]).
+    pub fn pd_release(&mut self, pd: PdHandle) {
+        self.mem.pd_release(pd);
+    }
+
     /// Free a protection domain (`ibv_dealloc_pd`): refused while a region,
     /// window or queue pair is in it.
     pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), VerbError> {

@@ -266,6 +266,7 @@ impl Device {
         Ok(ProtectionDomain {
             dev: self.clone(),
             pd,
+            parent: false,
         })
     }
 
@@ -367,16 +368,41 @@ pub struct PortAttr {
 pub struct ProtectionDomain {
     dev: Device,
     pd: PdHandle,
+    /// A parent domain over `pd` (see [`ProtectionDomain::parent_domain`]).
+    parent: bool,
 }
 
 impl ProtectionDomain {
     /// Free the domain in the NIC (`ibv_dealloc_pd`). Refused while a
-    /// region, window or queue pair is still in it; after it, nothing can
-    /// be made in this domain.
+    /// region, window, queue pair or parent domain is still in it; after
+    /// it, nothing can be made in this domain. A parent domain lets go of
+    /// the domain under it.
     pub fn dealloc(&self) -> Result<()> {
         let pd = self.pd;
+        if self.parent {
+            self.dev.engine.call(move |st| st.nic.pd_release(pd))?;
+            return Ok(());
+        }
         self.dev.engine.call(move |st| st.nic.dealloc_pd(pd))??;
         Ok(())
+    }
+
+    /// A parent domain over this domain (`ibv_alloc_parent_domain`): what
+    /// is made in it is in this domain, and this domain cannot be freed
+    /// until the parent is ([`ProtectionDomain::dealloc`] on it).
+    pub fn parent_domain(&self) -> Result<ProtectionDomain> {
+        let pd = self.pd;
+        self.dev.engine.call(move |st| st.nic.pd_acquire(pd))??;
+        Ok(ProtectionDomain {
+            dev: self.dev.clone(),
+            pd,
+            parent: true,
+        })
+    }
+
+    /// Whether this is a parent domain.
+    pub fn is_parent(&self) -> bool {
+        self.parent
     }
 
     /// Check that `lkey`, a region of this domain, covers `len` bytes at

@@ -16,7 +16,7 @@ use rnic_verbs::{Completion, CompletionChannel, CompletionQueue, WcOpcode, WcSta
 
 use crate::device::{Context, COMP_VECTORS};
 use crate::ffi::{self, obj, object, Object};
-use crate::pd::next_handle;
+use crate::pd::{next_handle, Pd};
 use crate::sys;
 
 #[repr(C)]
@@ -357,8 +357,18 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         if a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
             return Err(libc::EOPNOTSUPP);
         }
-        if a.comp_mask & !sys::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 {
+        let known = sys::IBV_CQ_INIT_ATTR_MASK_FLAGS | sys::IBV_CQ_INIT_ATTR_MASK_PD;
+        if a.comp_mask & !known != 0 {
             return Err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & sys::IBV_CQ_INIT_ATTR_MASK_PD != 0 {
+            // A parent domain of this context, as mlx5 requires; the queue
+            // itself lives in rnic's memory, so it changes nothing else.
+            // SAFETY: the program's pointer.
+            let pd = unsafe { Pd::from_c(a.parent_domain)? };
+            if !pd.pd.is_parent() || pd.ctx != ctx {
+                return Err(libc::EINVAL);
+            }
         }
         let cqe = c_int::try_from(a.cqe).map_err(|_| libc::EINVAL)?;
         let vector = c_int::try_from(a.comp_vector).map_err(|_| libc::EINVAL)?;

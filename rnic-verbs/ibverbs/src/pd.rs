@@ -57,6 +57,46 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut sys::ibv_context) -> *mut sys::i
     })
 }
 
+/// `ibv_alloc_parent_domain`: a domain over `attr.pd` for the objects made
+/// in it. rnic's queues live in its own memory, never in the program's, so
+/// the allocators a program may give (IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS)
+/// have nothing to allocate and are not called, as with a provider whose
+/// queues the hardware keeps; thread domains do not exist here (`td` must
+/// be null).
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_parent_domain_init_attr,
+) -> *mut sys::ibv_pd {
+    ffi::ptr_call(|| {
+        // SAFETY: the program's pointers.
+        let (c, a) = unsafe { (Context::from_c(ctx)?, ffi::input(attr)?) };
+        let known = sys::IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS
+            | sys::IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+        if a.comp_mask & !known != 0 {
+            return Err(libc::EOPNOTSUPP);
+        }
+        if !a.td.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's pointer.
+        let inner = unsafe { Pd::from_c(a.pd)? };
+        if inner.ctx != c.as_c() || inner.pd.is_parent() {
+            return Err(libc::EINVAL);
+        }
+        let pd = inner.pd.parent_domain().map_err(|e| ffi::errno_of(&e))?;
+        Ok(Pd {
+            c: sys::ibv_pd {
+                context: c.as_c(),
+                handle: next_handle(),
+            },
+            magic: Pd::MAGIC,
+            pd,
+            ctx: c.as_c(),
+        }
+        .into_c())
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
     ffi::errno_call(|| {

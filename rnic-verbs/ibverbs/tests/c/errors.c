@@ -20,6 +20,8 @@
  *     that changes nothing;
  *   - a type 1 window, bound by ibv_bind_mw: open to the domain's QPs, bound
  *     again over another range, never invalidated, closed by length 0;
+ *   - a parent domain is its inner domain for what is made in it, and holds
+ *     it; a parent over a parent, a thread domain, unknown bits: refused;
  *   - fork: a child's calls on inherited objects fail at once (no hang),
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
@@ -275,6 +277,59 @@ static void type1_window_paths(void)
 	printf("type 1 window: open to the domain, rebound, not invalidated, closed by length 0\n");
 }
 
+static void parent_domain_paths(void)
+{
+	struct ibv_pd *inner = ibv_alloc_pd(ctx);
+	CHECK(inner);
+	struct ibv_parent_domain_init_attr pa = { .pd = inner };
+	struct ibv_pd *parent = ibv_alloc_parent_domain(ctx, &pa);
+	CHECK(parent && parent != inner && parent->context == ctx);
+	struct ibv_parent_domain_init_attr bad = { .pd = parent };
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EINVAL);
+	bad.pd = inner;
+	bad.td = (struct ibv_td *)inner;
+	CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EINVAL);
+	bad.td = NULL;
+	bad.comp_mask = 1 << 7;
+	CHECK(!ibv_alloc_parent_domain(ctx, &bad) && errno == EOPNOTSUPP);
+
+	/* QPs and a region made in the parent, a region in the inner domain:
+	 * one domain. */
+	char *src = malloc(64), *dst = calloc(1, 64);
+	CHECK(src && dst);
+	memset(src, 0x77, 64);
+	struct ibv_mr *s = ibv_reg_mr(parent, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *r = ibv_reg_mr(inner, dst, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(s && r && s->pd == parent);
+	struct ibv_pd *saved = pd;
+	struct ibv_qp *p, *q;
+	pd = parent;
+	qp_pair(&p, &q);
+	pd = saved;
+	CHECK(p->pd == parent);
+	CHECK(write64(p, 40, src, s->lkey, dst, r->rkey) == IBV_WC_SUCCESS);
+	CHECK((unsigned char)dst[63] == 0x77);
+
+	/* A CQ for the parent domain; the inner one is not a parent. */
+	struct ibv_cq_init_attr_ex ca = { .cqe = 4, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD,
+					  .parent_domain = parent };
+	struct ibv_cq_ex *cx = ibv_create_cq_ex(ctx, &ca);
+	CHECK(cx);
+	ca.parent_domain = inner;
+	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL);
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0);
+
+	/* The parent holds the inner domain until it goes. */
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+	CHECK(ibv_dereg_mr(s) == 0 && ibv_dereg_mr(r) == 0);
+	CHECK(ibv_dealloc_pd(inner) == EBUSY);
+	CHECK(ibv_dealloc_pd(parent) == 0 && ibv_dealloc_pd(inner) == 0);
+	free(src);
+	free(dst);
+	printf("parent domain: one domain with its inner one, and holds it\n");
+}
+
 int main(void)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -511,6 +566,7 @@ int main(void)
 
 	rereg_paths();
 	type1_window_paths();
+	parent_domain_paths();
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
