@@ -315,6 +315,9 @@ pub(crate) struct Context {
     cmd: OwnedFd,
     /// C objects by the numbers asynchronous events carry.
     pub objects: Mutex<Objects>,
+    /// Bytes of device memory allocated (`ibv_alloc_dm`), out of
+    /// `dm::MAX_DM_SIZE`.
+    pub dm_used: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// What `ibv_get_async_event` needs to name an event's object.
@@ -444,6 +447,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys:
             events,
             cmd,
             objects: Mutex::new(Objects::default()),
+            dm_used: Default::default(),
         }
         .into_c())
     })
@@ -463,7 +467,9 @@ fn device_attr(ctx: &Context) -> sys::ibv_device_attr {
     // SAFETY: plain data.
     let mut d: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
     copy_str(&mut d.fw_ver, env!("CARGO_PKG_VERSION"));
-    d.node_guid = ctx.slot.guid();
+    // From the open device's address, without the slot's lock: a forked
+    // child may query its parent's context (see query_device_ex).
+    d.node_guid = guid_of(ctx.nic.addr());
     d.sys_image_guid = d.node_guid;
     d.max_mr_size = u64::MAX;
     d.page_size_cap = 0xFFFF_F000;
@@ -516,8 +522,11 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     attr_size: usize,
 ) -> c_int {
     ffi::errno_call(|| {
+        // The attributes are constants of the device: a forked child may ask
+        // them of its parent's context (pyverbs' DM does, before allocating
+        // device memory there).
         // SAFETY: the program's context.
-        let ctx = unsafe { Context::from_c(ctx)? };
+        let ctx = unsafe { ffi::obj_inherited::<Context>(ctx) }.ok_or(libc::EINVAL)?;
         // SAFETY: the program's input, if any.
         if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
             return Err(libc::EINVAL);
@@ -529,6 +538,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         let mut ex: sys::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         ex.orig_attr = device_attr(ctx);
         ex.phys_port_cnt_ex = 1;
+        ex.max_dm_size = crate::dm::MAX_DM_SIZE as u64;
         // rnic never pins: it reads and writes the program's memory where it
         // is, when a packet needs it. That is on-demand paging; the implicit
         // kind (the whole address space open to peers) is not offered.

@@ -106,6 +106,26 @@ pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
     (t.magic() == T::MAGIC ^ generation()).then_some(t)
 }
 
+/// The object behind `p` as [`obj`] finds it, also if it was made before a
+/// fork (in this process's parent): only for uses that need nothing of the
+/// parent's engine threads and take no lock a parent's thread could hold.
+///
+/// # Safety
+/// As for `obj`.
+pub(crate) unsafe fn obj_inherited<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
+    if p.is_null() {
+        return None;
+    }
+    let base = p.cast::<u8>().wrapping_sub(T::OFFSET).cast::<T>();
+    if !base.is_aligned() {
+        return None;
+    }
+    // SAFETY: as in `obj`.
+    let t = unsafe { &*base };
+    let born = t.magic() ^ T::MAGIC;
+    (born <= generation()).then_some(t)
+}
+
 /// Free an object handed out by `into_c`.
 ///
 /// # Safety

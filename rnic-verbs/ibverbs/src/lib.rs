@@ -25,6 +25,7 @@ pub mod sys;
 mod ah;
 mod cq;
 mod device;
+mod dm;
 mod event;
 mod ffi;
 mod mr;

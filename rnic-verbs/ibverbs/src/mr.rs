@@ -18,6 +18,9 @@ pub(crate) struct Mr {
     c: sys::ibv_mr,
     magic: u64,
     pub mr: Mutex<MemoryRegion>,
+    /// The device memory a region registered by `ibv_reg_dm_mr` lies in,
+    /// kept while the region is.
+    dm: Option<std::sync::Arc<rnic_verbs::DmaBuf>>,
 }
 object!(Mr, sys::ibv_mr, b"rnic-mr\0");
 
@@ -25,6 +28,33 @@ impl Mr {
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.c.lkey
+    }
+
+    /// Hand `mr`, registered in `pd` over `length` bytes the program knows
+    /// at `addr`, to the program (`dm`: the device memory it lies in).
+    pub fn hand_out(
+        pd: &Pd,
+        mr: MemoryRegion,
+        addr: *mut c_void,
+        length: usize,
+        dm: Option<std::sync::Arc<rnic_verbs::DmaBuf>>,
+    ) -> *mut sys::ibv_mr {
+        let c = sys::ibv_mr {
+            context: pd.ctx,
+            pd: pd.as_c(),
+            addr,
+            length,
+            handle: next_handle(),
+            lkey: mr.lkey(),
+            rkey: mr.rkey(),
+        };
+        Mr {
+            c,
+            magic: Mr::MAGIC,
+            mr: Mutex::new(mr),
+            dm,
+        }
+        .into_c()
     }
 }
 
@@ -59,21 +89,7 @@ unsafe fn reg(
     // ibv_dereg_mr, which deregisters before it returns.
     let mr = unsafe { pd.pd.register_foreign(ptr, length, iova, access) }
         .map_err(|e| ffi::errno_of(&e))?;
-    let c = sys::ibv_mr {
-        context: pd.ctx,
-        pd: pd.as_c(),
-        addr,
-        length,
-        handle: next_handle(),
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
-    };
-    Ok(Mr {
-        c,
-        magic: Mr::MAGIC,
-        mr: Mutex::new(mr),
-    }
-    .into_c())
+    Ok(Mr::hand_out(pd, mr, addr, length, None))
 }
 
 #[no_mangle]

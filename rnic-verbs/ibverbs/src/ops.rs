@@ -2,7 +2,7 @@
 //! `ops` (the data path verbs.h inlines), the extended `verbs_context`
 //! entries, and each QP's `ibv_qp_ex` builder.
 
-use crate::{cq, device, mr, mw, pd, qp, srq, sys};
+use crate::{cq, device, dm, mr, mw, pd, qp, srq, sys};
 
 /// Fill a fresh context: `ops`, the extended entries, and the marks that
 /// tell verbs.h this is an extended context of our size.
@@ -25,6 +25,9 @@ pub(crate) fn fill(v: &mut sys::verbs_context) {
     v.create_cq_ex = Some(cq::create_cq_ex);
     v.open_xrcd = Some(device::open_xrcd);
     v.alloc_parent_domain = Some(pd::alloc_parent_domain);
+    v.alloc_dm = Some(dm::alloc_dm);
+    v.free_dm = Some(dm::free_dm);
+    v.reg_dm_mr = Some(dm::reg_dm_mr);
     v.sz = std::mem::size_of::<sys::verbs_context>();
     // __VERBS_ABI_IS_EXTENDED: verbs_get_ctx() then finds `v` before the context.
     v.context.abi_compat = usize::MAX as *mut std::ffi::c_void;

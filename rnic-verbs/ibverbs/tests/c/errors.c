@@ -22,7 +22,11 @@
  *     again over another range, never invalidated, closed by length 0;
  *   - a parent domain is its inner domain for what is made in it, and holds
  *     it; a parent over a parent, a thread domain, unknown bits: refused;
- *   - fork: a child's calls on inherited objects fail at once (no hang),
+ *   - device memory: allocation within max_dm_size, 4-byte aligned copies
+ *     in bounds, a zero-based region an RDMA WRITE lands in, EBUSY while
+ *     registered;
+ *   - fork: a child's calls on inherited objects fail at once (no hang)
+ *     but for device memory, which needs nothing of the parent's engine,
  *     and the parent's QPs carry on, data intact.
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
 #include <infiniband/verbs.h>
@@ -330,6 +334,58 @@ static void parent_domain_paths(void)
 	printf("parent domain: one domain with its inner one, and holds it\n");
 }
 
+static void device_memory_paths(void)
+{
+	struct ibv_device_attr_ex ax;
+	CHECK(ibv_query_device_ex(ctx, NULL, &ax) == 0 && ax.max_dm_size >= 4096);
+	struct ibv_alloc_dm_attr da = { .length = ax.max_dm_size + 1 };
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &da) && errno == ENOMEM);
+	da.length = 256;
+	da.comp_mask = 1;
+	CHECK(!ibv_alloc_dm(ctx, &da) && errno == EINVAL);
+	da.comp_mask = 0;
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
+	CHECK(dm);
+
+	/* Copies: 4-byte aligned offsets and lengths, inside. */
+	uint32_t words[4] = { 1, 2, 3, 4 }, back[4] = { 0 };
+	CHECK(ibv_memcpy_to_dm(dm, 16, words, 16) == 0);
+	CHECK(ibv_memcpy_from_dm(back, dm, 16, 16) == 0 && memcmp(words, back, 16) == 0);
+	CHECK(ibv_memcpy_to_dm(dm, 17, words, 4) == EINVAL);
+	CHECK(ibv_memcpy_to_dm(dm, 16, words, 6) == EINVAL);
+	CHECK(ibv_memcpy_to_dm(dm, 256, words, 4) == EINVAL);
+	CHECK(ibv_memcpy_from_dm(back, dm, 252, 8) == EINVAL);
+
+	/* A zero-based region over bytes 128..255: a WRITE to its address 0
+	 * lands at byte 128 of the device memory. */
+	CHECK(!ibv_reg_dm_mr(pd, dm, 128, 128, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL);
+	CHECK(!ibv_reg_dm_mr(pd, dm, 128, 132, IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) &&
+	      errno == EINVAL);
+	struct ibv_mr *r = ibv_reg_dm_mr(pd, dm, 128, 128, IBV_ACCESS_ZERO_BASED |
+					 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	CHECK(r && r->length == 128);
+	char *src = malloc(64);
+	CHECK(src);
+	memset(src, 0x6B, 64);
+	struct ibv_mr *s = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(s);
+	struct ibv_qp *p, *q;
+	qp_pair(&p, &q);
+	CHECK(write64(p, 50, src, s->lkey, NULL, r->rkey) == IBV_WC_SUCCESS);
+	unsigned char got[132];
+	CHECK(ibv_memcpy_from_dm(got, dm, 124, 132) == 0);
+	CHECK(got[3] == 0 && got[4] == 0x6B && got[67] == 0x6B && got[68] == 0);
+	CHECK(write64(p, 51, src, s->lkey, (char *)NULL + 96, r->rkey) == IBV_WC_REM_ACCESS_ERR);
+	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
+
+	CHECK(ibv_free_dm(dm) == EBUSY);
+	CHECK(ibv_dereg_mr(r) == 0 && ibv_dereg_mr(s) == 0);
+	CHECK(ibv_free_dm(dm) == 0);
+	free(src);
+	printf("device memory: bounded, aligned copies, a zero-based region a WRITE lands in\n");
+}
+
 int main(void)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -567,6 +623,7 @@ int main(void)
 	rereg_paths();
 	type1_window_paths();
 	parent_domain_paths();
+	device_memory_paths();
 
 	/* Fork: the child has copies of the objects but not the NIC behind
 	 * them. Its calls fail at once; the parent is untouched. */
@@ -583,6 +640,10 @@ int main(void)
 			_exit(3);
 		if (ibv_destroy_qp(n) == 0 || ibv_close_device(ctx) == 0)
 			_exit(4);
+		struct ibv_alloc_dm_attr cda = { .length = 64 };
+		struct ibv_dm *cdm = ibv_alloc_dm(ctx, &cda);
+		if (!cdm || ibv_memcpy_to_dm(cdm, 0, "abcd", 4) || ibv_free_dm(cdm))
+			_exit(5);
 		exit(0);
 	}
 	int status = -1;
