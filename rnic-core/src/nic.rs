@@ -157,6 +157,8 @@ pub enum VerbError {
         /// Bytes given.
         len: usize,
     },
+    /// An SRQ that QPs still take their receives from (`ibv_destroy_srq`).
+    SrqBusy(SrqHandle),
 }
 
 impl fmt::Display for VerbError {
@@ -194,6 +196,7 @@ impl fmt::Display for VerbError {
                 f,
                 "a CQ of depth {depth} cannot hold the {waiting} completions waiting in it"
             ),
+            VerbError::SrqBusy(s) => write!(f, "SRQ {} still has queue pairs", s.0),
         }
     }
 }
@@ -339,7 +342,7 @@ pub struct Nic {
     exec_log: Option<Vec<Execution>>,
     mechanisms: Mechanisms,
     src_port: Option<u16>,
-    srqs: Vec<Srq>,
+    srqs: Vec<Option<Srq>>,
     events: VecDeque<AsyncEvent>,
     busy: VecDeque<u32>,
     overrun_cqs: Vec<CqHandle>,
@@ -760,6 +763,11 @@ impl Nic {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbError> {
         let qp = self.qps.remove(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         self.mem.pd_release(qp.pd);
+        if let Some(h) = qp.srq {
+            if let Ok(s) = self.srq_mut(h) {
+                s.users = s.users.saturating_sub(1);
+            }
+        }
         self.busy.retain(|&q| q != qpn);
         Ok(())
     }
@@ -953,25 +961,58 @@ impl Nic {
 
     /// Create a shared receive queue of `max_wr` receives of up to `max_sge`
     /// entries each (`ibv_create_srq`).
-    pub fn create_srq(&mut self, max_wr: u32, max_sge: u32) -> Result<SrqHandle, VerbError> {
+    pub fn create_srq(
+        &mut self,
+        pd: PdHandle,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SrqHandle, VerbError> {
         if max_wr > DEVICE_ATTR.max_qp_wr || max_sge > DEVICE_ATTR.max_sge {
             return Err(VerbError::CapsTooLarge);
         }
-        self.srqs.push(Srq {
+        self.mem.pd_acquire(pd)?;
+        let srq = Srq {
+            pd,
+            users: 0,
             queue: VecDeque::new(),
             max_wr,
             max_sge,
             limit: 0,
-        });
-        Ok(SrqHandle(self.srqs.len() as u32 - 1))
+        };
+        let i = match self.srqs.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                self.srqs.push(None);
+                self.srqs.len() - 1
+            }
+        };
+        self.srqs[i] = Some(srq);
+        Ok(SrqHandle(i as u32))
+    }
+
+    /// `ibv_destroy_srq`: refused (SrqBusy) while a QP takes its receives
+    /// from it. The receives still posted go without a completion.
+    pub fn destroy_srq(&mut self, srq: SrqHandle) -> Result<(), VerbError> {
+        let s = self.srq_mut(srq)?;
+        if s.users > 0 {
+            return Err(VerbError::SrqBusy(srq));
+        }
+        let pd = s.pd;
+        self.srqs[srq.0 as usize] = None;
+        self.mem.pd_release(pd);
+        Ok(())
+    }
+
+    fn srq_mut(&mut self, srq: SrqHandle) -> Result<&mut Srq, VerbError> {
+        self.srqs
+            .get_mut(srq.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(VerbError::Unsupported("no such SRQ"))
     }
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, srq: SrqHandle, wr: RecvWr) -> Result<(), VerbError> {
-        let s = self
-            .srqs
-            .get_mut(srq.0 as usize)
-            .ok_or(VerbError::Unsupported("no such SRQ"))?;
+        let s = self.srq_mut(srq)?;
         check_sges(&wr.sg_list, s.max_sge)?;
         if s.queue.len() >= s.max_wr as usize {
             return Err(VerbError::QueueFull);
@@ -984,10 +1025,7 @@ impl Nic {
     /// than `limit` receives remain, an `AsyncEvent::SrqLimitReached` is raised
     /// once. 0 disarms.
     pub fn arm_srq(&mut self, srq: SrqHandle, limit: u32) -> Result<(), VerbError> {
-        let s = self
-            .srqs
-            .get_mut(srq.0 as usize)
-            .ok_or(VerbError::Unsupported("no such SRQ"))?;
+        let s = self.srq_mut(srq)?;
         if limit > s.max_wr {
             return Err(VerbError::CapsTooLarge);
         }
@@ -997,20 +1035,22 @@ impl Nic {
 
     /// Receives waiting in an SRQ.
     pub fn srq_len(&self, srq: SrqHandle) -> Option<usize> {
-        self.srqs.get(srq.0 as usize).map(|s| s.queue.len())
+        self.srqs
+            .get(srq.0 as usize)
+            .and_then(Option::as_ref)
+            .map(|s| s.queue.len())
     }
 
     /// Make a QP (in RESET, with nothing posted) take its receives from `srq`,
     /// as `ibv_create_qp` with `srq` set does.
     pub fn attach_srq(&mut self, qpn: u32, srq: SrqHandle) -> Result<(), VerbError> {
-        if self.srqs.get(srq.0 as usize).is_none() {
-            return Err(VerbError::Unsupported("no such SRQ"));
-        }
+        self.srq_mut(srq)?;
         let qp = self.qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
-        if qp.state() != QpState::Reset || !qp.rq.is_empty() {
+        if qp.state() != QpState::Reset || !qp.rq.is_empty() || qp.srq.is_some() {
             return Err(VerbError::BadState(qp.state()));
         }
         qp.srq = Some(srq);
+        self.srq_mut(srq)?.users += 1;
         Ok(())
     }
 

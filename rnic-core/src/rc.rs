@@ -27,7 +27,7 @@ pub(crate) struct Ctx<'a> {
     pub exec_log: &'a mut Option<Vec<Execution>>,
     pub mechanisms: crate::nic::Mechanisms,
     pub src_port: Option<u16>,
-    pub srqs: &'a mut Vec<Srq>,
+    pub srqs: &'a mut Vec<Option<Srq>>,
     pub events: &'a mut VecDeque<AsyncEvent>,
     /// QPs with responses waiting to be generated ([`Qp::responses`]), in
     /// the order they are served.
@@ -385,7 +385,7 @@ impl Qp {
         match self.srq {
             None => self.rq.pop_front(),
             Some(h) => {
-                let srq = ctx.srqs.get_mut(h.0 as usize)?;
+                let srq = ctx.srqs.get_mut(h.0 as usize)?.as_mut()?;
                 let (r, event) = srq.take(h);
                 ctx.events.extend(event);
                 r
@@ -395,7 +395,11 @@ impl Qp {
 
     /// Put back a receive taken for a message that was dropped: first in line.
     pub fn return_recv(&mut self, ctx: &mut Ctx<'_>, r: RecvWr) {
-        match self.srq.and_then(|h| ctx.srqs.get_mut(h.0 as usize)) {
+        match self
+            .srq
+            .and_then(|h| ctx.srqs.get_mut(h.0 as usize))
+            .and_then(Option::as_mut)
+        {
             Some(srq) => srq.queue.push_front(r),
             None => self.rq.push_front(r),
         }
@@ -403,7 +407,11 @@ impl Qp {
 
     /// Receives waiting for this QP.
     pub fn recvs_available(&self, ctx: &Ctx<'_>) -> usize {
-        match self.srq.and_then(|h| ctx.srqs.get(h.0 as usize)) {
+        match self
+            .srq
+            .and_then(|h| ctx.srqs.get(h.0 as usize))
+            .and_then(Option::as_ref)
+        {
             Some(srq) => srq.queue.len(),
             None => self.rq.len(),
         }

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::mem::PdHandle;
 use crate::wr::RecvWr;
 
 /// A shared receive queue handle.
@@ -28,6 +29,11 @@ pub enum AsyncEvent {
 
 #[derive(Debug)]
 pub(crate) struct Srq {
+    /// Its protection domain, which it counts as a user of.
+    pub pd: PdHandle,
+    /// QPs that take their receives from it: it cannot be destroyed while
+    /// there are any.
+    pub users: u32,
     pub queue: VecDeque<RecvWr>,
     pub max_wr: u32,
     pub max_sge: u32,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rnic_core::mem::Access;
+use rnic_core::mem::{Access, MemError};
 use rnic_core::qp::{AddressVector, QpAttr, QpType};
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::srq::AsyncEvent;
@@ -30,8 +30,10 @@ fn two_qps_share_one_receive_queue() {
     let mut qps = [[0u32; 2]; 2];
     let mut keys = [0u32; 2];
     let mut cqs = Vec::new();
+    let mut pds = Vec::new();
     for (i, nic) in c.nics.iter_mut().enumerate() {
         let pd = nic.alloc_pd();
+        pds.push(pd);
         let cq = nic.create_cq(64);
         cqs.push(cq);
         keys[i] = nic
@@ -49,7 +51,7 @@ fn two_qps_share_one_receive_queue() {
                 .unwrap();
         }
     }
-    let srq = c.nics[1].create_srq(16, 1).unwrap();
+    let srq = c.nics[1].create_srq(pds[1], 16, 1).unwrap();
     for q in 0..2 {
         c.nics[1].attach_srq(qps[1][q], srq).unwrap();
     }
@@ -140,5 +142,37 @@ fn two_qps_share_one_receive_queue() {
         c.nics[1].poll_async_event(),
         None,
         "the limit disarmed itself"
+    );
+}
+
+/// An SRQ holds its protection domain, and is refused destruction while a
+/// QP takes its receives from it (EBUSY in the C ABI).
+#[test]
+fn an_srq_holds_its_domain_and_outlives_its_queue_pairs() {
+    let mut c = Cluster::new(72, LinkConfig::perfect(Duration::from_micros(5)), 1);
+    let nic = &mut c.nics[0];
+    let (pd, srq_pd) = (nic.alloc_pd(), nic.alloc_pd());
+    let cq = nic.create_cq(8);
+    let qp = nic
+        .create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
+        .unwrap();
+    let srq = nic.create_srq(srq_pd, 8, 1).unwrap();
+    assert!(matches!(
+        nic.dealloc_pd(srq_pd),
+        Err(VerbError::Mem(MemError::PdBusy(_)))
+    ));
+    nic.attach_srq(qp, srq).unwrap();
+    assert!(nic.attach_srq(qp, srq).is_err(), "attached once");
+    assert_eq!(nic.destroy_srq(srq), Err(VerbError::SrqBusy(srq)));
+    nic.destroy_qp(qp).unwrap();
+    nic.destroy_srq(srq).unwrap();
+    assert!(nic.srq_len(srq).is_none());
+    assert!(nic.destroy_srq(srq).is_err(), "destroyed once");
+    nic.dealloc_pd(srq_pd).unwrap();
+    let gone = nic.alloc_pd();
+    nic.dealloc_pd(gone).unwrap();
+    assert!(
+        nic.create_srq(gone, 8, 1).is_err(),
+        "no SRQ in a freed domain"
     );
 }

@@ -548,14 +548,17 @@ impl ProtectionDomain {
         })
     }
 
-    /// A shared receive queue of `max_wr` receives of up to `max_sge` entries.
+    /// A shared receive queue of `max_wr` receives of up to `max_sge`
+    /// entries, in this domain (which it holds until it is destroyed).
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
+        let pd = self.pd;
         let srq = self
             .dev
-            .call(move |st| st.nic.create_srq(max_wr, max_sge))??;
+            .call(move |st| st.nic.create_srq(pd, max_wr, max_sge))??;
         Ok(SharedReceiveQueue {
             dev: self.dev.clone(),
             srq,
+            destroyed: AtomicBool::new(false),
         })
     }
 
@@ -856,9 +859,31 @@ impl Drop for MemoryWindow {
 pub struct SharedReceiveQueue {
     dev: Device,
     srq: SrqHandle,
+    /// Destroyed in the NIC already: the drop must not destroy the SRQ
+    /// made in the same slot since.
+    destroyed: AtomicBool,
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        let _ = self.destroy_now();
+    }
 }
 
 impl SharedReceiveQueue {
+    /// Destroy it now (`ibv_destroy_srq`; dropping it does the same, or
+    /// leaves it to the NIC if it cannot). Refused while queue pairs take
+    /// their receives from it; the receives still posted go without a
+    /// completion.
+    pub fn destroy_now(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let srq = self.srq;
+        self.dev.call(move |st| st.nic.destroy_srq(srq))??;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
     /// Its number, as `AsyncEvent::SrqLimitReached` reports it.
     pub fn id(&self) -> u32 {
         self.srq.0

@@ -106,6 +106,8 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
     ffi::errno_call(|| {
         // SAFETY: the program's pointer.
         let s = unsafe { Srq::from_c(srq)? };
+        // EBUSY while queue pairs use it, as rdma-core.
+        s.srq.destroy_now().map_err(|e| ffi::errno_of(&e))?;
         // SAFETY: the context outlives its objects.
         if let Ok(c) = unsafe { crate::device::Context::from_c(s.ctx) } {
             c.objects.lock().srqs.remove(&s.srq.id());

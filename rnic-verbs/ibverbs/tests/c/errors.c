@@ -11,8 +11,8 @@
  *   - SQD with en_sqd_async_notify: IBV_EVENT_SQ_DRAINED;
  *   - ibv_advise_mr checks every SGE: a wrong lkey or a range past the
  *     region is EINVAL, a good one 0;
- *   - misuse: a pointer that is not rnic's, a PD, region or channel still
- *     in use, inline data over 256 bytes, an invalid attribute the mask
+ *   - misuse: a pointer that is not rnic's, a PD, region, SRQ or channel
+ *     still in use, inline data over 256 bytes, an invalid attribute the mask
  *     names: each refused with rdma-core's errno; an ibv_wr_* batch with
  *     one bad request posts none of its requests;
  *   - ibv_rereg_mr keeps the keys and changes what they open: rights,
@@ -667,6 +667,8 @@ int main(void)
 	CHECK(ibv_destroy_cq(small) == 0);
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0);
+	/* An SRQ a QP takes its receives from is not destroyed. */
+	CHECK(ibv_destroy_srq(srq) == EBUSY);
 	CHECK(ibv_destroy_qp(e) == 0 && ibv_destroy_qp(f) == 0);
 	CHECK(ibv_destroy_srq(srq) == 0);
 	CHECK(ibv_dereg_mr(mr) == 0);
