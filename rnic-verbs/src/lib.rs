@@ -405,6 +405,19 @@ impl ProtectionDomain {
         self.parent
     }
 
+    /// Hold the domain for an object the NIC does not keep itself (an
+    /// address handle, whose address is all a UD send needs): it cannot be
+    /// freed until the hold is dropped, as `ibv_dealloc_pd` is refused
+    /// while address handles are in the domain.
+    pub fn hold(&self) -> Result<DomainHold> {
+        let pd = self.pd;
+        self.dev.engine.call(move |st| st.nic.pd_acquire(pd))??;
+        Ok(DomainHold {
+            dev: self.dev.clone(),
+            pd,
+        })
+    }
+
     /// Check that `lkey`, a region of this domain, covers `len` bytes at
     /// `addr` with `access` (what `ibv_advise_mr` validates; rnic never
     /// pins or faults, so there is nothing to prefetch).
@@ -851,6 +864,21 @@ impl Drop for MemoryWindow {
         let _ = self.dev.engine.call(move |st| {
             let _ = st.nic.dealloc_mw(rkey);
         });
+    }
+}
+
+/// A hold on a protection domain ([`ProtectionDomain::hold`]); dropping it
+/// lets go.
+#[derive(Debug)]
+pub struct DomainHold {
+    dev: Device,
+    pd: PdHandle,
+}
+
+impl Drop for DomainHold {
+    fn drop(&mut self) {
+        let pd = self.pd;
+        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
     }
 }
 

@@ -3,7 +3,7 @@
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv6Addr};
 
-use rnic_verbs::AddressHandle;
+use rnic_verbs::{AddressHandle, DomainHold};
 
 use crate::device::Context;
 use crate::ffi::{self, object, Object};
@@ -15,6 +15,8 @@ pub(crate) struct Ah {
     c: sys::ibv_ah,
     magic: u64,
     pub ah: AddressHandle,
+    /// The domain may not go while the handle is in it.
+    _hold: DomainHold,
 }
 object!(Ah, sys::ibv_ah, b"rnic-ah\0");
 
@@ -50,7 +52,9 @@ pub unsafe extern "C" fn ibv_create_ah(
         // SAFETY: the program's pointers.
         let (pd, attr) = unsafe { (Pd::from_c(pd)?, ffi::input(attr)?) };
         let dest = dest_of(pd.context(), attr)?;
+        let hold = pd.pd.hold().map_err(|e| ffi::errno_of(&e))?;
         Ok(Ah {
+            _hold: hold,
             c: sys::ibv_ah {
                 context: pd.ctx,
                 pd: pd.as_c(),

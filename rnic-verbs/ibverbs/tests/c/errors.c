@@ -21,7 +21,7 @@
  *   - a type 1 window, bound by ibv_bind_mw: open to the domain's QPs, bound
  *     again over another range, never invalidated, closed by length 0;
  *   - a parent domain is its inner domain for what is made in it, and holds
- *     it; a parent over a parent, a thread domain, unknown bits: refused;
+ *     it, as an address handle does; a parent over a parent, a thread domain, unknown bits: refused;
  *   - device memory: allocation within max_dm_size, 4-byte aligned copies
  *     in bounds, a zero-based region an RDMA WRITE lands in, EBUSY while
  *     registered;
@@ -324,11 +324,18 @@ static void parent_domain_paths(void)
 	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL);
 	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cx)) == 0);
 
+	/* So does an address handle. */
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1, .grh = { .dgid = gid, .hop_limit = 64 } };
+	struct ibv_ah *ah = ibv_create_ah(inner, &aa);
+	CHECK(ah && ah->pd == inner);
+
 	/* The parent holds the inner domain until it goes. */
 	CHECK(ibv_destroy_qp(p) == 0 && ibv_destroy_qp(q) == 0);
 	CHECK(ibv_dereg_mr(s) == 0 && ibv_dereg_mr(r) == 0);
 	CHECK(ibv_dealloc_pd(inner) == EBUSY);
-	CHECK(ibv_dealloc_pd(parent) == 0 && ibv_dealloc_pd(inner) == 0);
+	CHECK(ibv_dealloc_pd(parent) == 0);
+	CHECK(ibv_dealloc_pd(inner) == EBUSY);
+	CHECK(ibv_destroy_ah(ah) == 0 && ibv_dealloc_pd(inner) == 0);
 	free(src);
 	free(dst);
 	printf("parent domain: one domain with its inner one, and holds it\n");
