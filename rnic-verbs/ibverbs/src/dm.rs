@@ -95,17 +95,37 @@ pub(crate) unsafe extern "C" fn free_dm(dm: *mut sys::ibv_dm) -> c_int {
     })
 }
 
-/// `length` bytes at `offset` of `d`, if both are 4-byte aligned (as mlx5
-/// requires) and inside it.
-fn range(d: &Dm, offset: u64, length: usize) -> Result<usize, i32> {
-    let offset = usize::try_from(offset).map_err(|_| libc::EINVAL)?;
-    let fits = offset
-        .checked_add(length)
-        .is_some_and(|end| end <= d.buf.len());
-    if offset % 4 != 0 || length % 4 != 0 || !fits {
-        return Err(libc::EINVAL);
-    }
-    Ok(offset)
+/// A copy between `dm` at `offset` and the program's `length` bytes at
+/// `host`: `copy` gets the device memory, the offset in it and the host
+/// address, once both are checked (4-byte aligned offset and length, as
+/// mlx5 requires, inside the device memory; a non-null host address unless
+/// there is nothing to copy).
+///
+/// # Safety
+/// `dm` must be null or the program's pointer.
+unsafe fn copy(
+    dm: *mut sys::ibv_dm,
+    offset: u64,
+    host: *mut c_void,
+    length: usize,
+    copy: impl FnOnce(&DmaBuf, usize, NonNull<u8>) -> bool,
+) -> c_int {
+    ffi::errno_call(|| {
+        // SAFETY: the caller's promise.
+        let d = unsafe { Dm::from_c(dm)? };
+        let offset = usize::try_from(offset).map_err(|_| libc::EINVAL)?;
+        let fits = offset
+            .checked_add(length)
+            .is_some_and(|end| end <= d.buf.len());
+        if offset % 4 != 0 || length % 4 != 0 || !fits {
+            return Err(libc::EINVAL);
+        }
+        if length == 0 {
+            return Ok(());
+        }
+        let host = NonNull::new(host.cast::<u8>()).ok_or(libc::EFAULT)?;
+        copy(&d.buf, offset, host).then_some(()).ok_or(libc::EINVAL)
+    })
 }
 
 unsafe extern "C" fn memcpy_to_dm(
@@ -114,18 +134,19 @@ unsafe extern "C" fn memcpy_to_dm(
     host_addr: *const c_void,
     length: usize,
 ) -> c_int {
-    ffi::errno_call(|| {
-        // SAFETY: the program's pointer.
-        let d = unsafe { Dm::from_c(dm)? };
-        let at = range(d, dm_offset, length)?;
-        if length == 0 {
-            return Ok(());
-        }
-        let src = NonNull::new(host_addr.cast_mut()).ok_or(libc::EFAULT)?;
-        // SAFETY: verbs' contract: `length` readable bytes at `host_addr`.
-        let data = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), length) };
-        d.buf.write(at, data).then_some(()).ok_or(libc::EINVAL)
-    })
+    // SAFETY: the program's pointer.
+    unsafe {
+        copy(
+            dm,
+            dm_offset,
+            host_addr.cast_mut(),
+            length,
+            |buf, at, src| {
+                // SAFETY: verbs' contract: `length` readable bytes at `host_addr`.
+                buf.write(at, std::slice::from_raw_parts(src.as_ptr(), length))
+            },
+        )
+    }
 }
 
 unsafe extern "C" fn memcpy_from_dm(
@@ -134,18 +155,13 @@ unsafe extern "C" fn memcpy_from_dm(
     dm_offset: u64,
     length: usize,
 ) -> c_int {
-    ffi::errno_call(|| {
-        // SAFETY: the program's pointer.
-        let d = unsafe { Dm::from_c(dm)? };
-        let at = range(d, dm_offset, length)?;
-        if length == 0 {
-            return Ok(());
-        }
-        let dst = NonNull::new(host_addr).ok_or(libc::EFAULT)?;
-        // SAFETY: verbs' contract: `length` writable bytes at `host_addr`.
-        let out = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr().cast::<u8>(), length) };
-        d.buf.read(at, out).then_some(()).ok_or(libc::EINVAL)
-    })
+    // SAFETY: the program's pointer.
+    unsafe {
+        copy(dm, dm_offset, host_addr, length, |buf, at, dst| {
+            // SAFETY: verbs' contract: `length` writable bytes at `host_addr`.
+            buf.read(at, std::slice::from_raw_parts_mut(dst.as_ptr(), length))
+        })
+    }
 }
 
 /// `ibv_reg_dm_mr`: `length` bytes of `dm` from `dm_offset`, zero-based

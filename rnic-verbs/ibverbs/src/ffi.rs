@@ -93,6 +93,18 @@ pub(crate) unsafe trait Object: Sized {
 /// `size_of::<T>()` bytes from `p - OFFSET` (any pointer rnic handed out and
 /// has not freed is).
 pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
+    // SAFETY: the caller's promise.
+    unsafe { born_in::<T>(p) }
+        .filter(|&(_, g)| g == generation())
+        .map(|(t, _)| t)
+}
+
+/// The object behind `p` and the fork generation it was made in, if `p` is
+/// one of ours of type `T` (of any generation up to this one).
+///
+/// # Safety
+/// As for `obj`.
+unsafe fn born_in<'a, T: Object>(p: *mut T::C) -> Option<(&'a T, u64)> {
     if p.is_null() {
         return None;
     }
@@ -103,7 +115,8 @@ pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
     // SAFETY: the caller's promise; `T` is valid whenever its magic is set,
     // which it is from `into_c` until `free`.
     let t = unsafe { &*base };
-    (t.magic() == T::MAGIC ^ generation()).then_some(t)
+    let born = t.magic() ^ T::MAGIC;
+    (born <= generation()).then_some((t, born))
 }
 
 /// The object behind `p` as [`obj`] finds it, also if it was made before a
@@ -113,17 +126,8 @@ pub(crate) unsafe fn obj<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
 /// # Safety
 /// As for `obj`.
 pub(crate) unsafe fn obj_inherited<'a, T: Object>(p: *mut T::C) -> Option<&'a T> {
-    if p.is_null() {
-        return None;
-    }
-    let base = p.cast::<u8>().wrapping_sub(T::OFFSET).cast::<T>();
-    if !base.is_aligned() {
-        return None;
-    }
-    // SAFETY: as in `obj`.
-    let t = unsafe { &*base };
-    let born = t.magic() ^ T::MAGIC;
-    (born <= generation()).then_some(t)
+    // SAFETY: the caller's promise.
+    unsafe { born_in::<T>(p) }.map(|(t, _)| t)
 }
 
 /// Free an object handed out by `into_c`.

@@ -157,10 +157,9 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    let input = |e| Err((sys::IBV_REREG_MR_ERR_INPUT, e));
     let result = ffi::errno_call(|| {
         // SAFETY: the program's arguments, each checked here.
-        match unsafe { rereg(mr, flags, pd, addr, length, access, input) } {
+        match unsafe { rereg(mr, flags, pd, addr, length, access) } {
             Ok(()) => Ok(()),
             Err((code, errno)) => {
                 ffi::set_errno(errno);
@@ -184,8 +183,8 @@ unsafe fn rereg(
     addr: *mut c_void,
     length: usize,
     access: c_int,
-    input: impl Fn(i32) -> Result<(), ReregError>,
 ) -> Result<(), ReregError> {
+    let input = |e| Err((sys::IBV_REREG_MR_ERR_INPUT, e));
     let flags = flags as u32;
     if flags & !sys::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
         return input(libc::EINVAL);

@@ -32,6 +32,20 @@ impl Pd {
         // a device before destroying what it made breaks verbs' rules).
         unsafe { Context::from_c(self.ctx) }.expect("a domain's context is alive")
     }
+    /// Hand `pd`, made on context `c`, to the program.
+    fn hand_out(c: &Context, pd: ProtectionDomain) -> *mut sys::ibv_pd {
+        Pd {
+            c: sys::ibv_pd {
+                context: c.as_c(),
+                handle: next_handle(),
+            },
+            magic: Pd::MAGIC,
+            pd,
+            ctx: c.as_c(),
+        }
+        .into_c()
+    }
+
     /// The pointer the program knows it by.
     pub fn as_c(&self) -> *mut sys::ibv_pd {
         (&self.c as *const sys::ibv_pd).cast_mut()
@@ -44,16 +58,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut sys::ibv_context) -> *mut sys::i
         // SAFETY: the program's context.
         let c = unsafe { Context::from_c(ctx)? };
         let pd = c.nic.alloc_pd().map_err(|e| ffi::errno_of(&e))?;
-        Ok(Pd {
-            c: sys::ibv_pd {
-                context: c.as_c(),
-                handle: next_handle(),
-            },
-            magic: Pd::MAGIC,
-            pd,
-            ctx: c.as_c(),
-        }
-        .into_c())
+        Ok(Pd::hand_out(c, pd))
     })
 }
 
@@ -84,16 +89,7 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
             return Err(libc::EINVAL);
         }
         let pd = inner.pd.parent_domain().map_err(|e| ffi::errno_of(&e))?;
-        Ok(Pd {
-            c: sys::ibv_pd {
-                context: c.as_c(),
-                handle: next_handle(),
-            },
-            magic: Pd::MAGIC,
-            pd,
-            ctx: c.as_c(),
-        }
-        .into_c())
+        Ok(Pd::hand_out(c, pd))
     })
 }
 
