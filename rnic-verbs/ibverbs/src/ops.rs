@@ -46,6 +46,7 @@ pub(crate) fn fill_qp_ex(x: &mut sys::ibv_qp_ex) {
     x.wr_rdma_read = Some(qp::wr_rdma_read);
     x.wr_atomic_cmp_swp = Some(qp::wr_atomic_cmp_swp);
     x.wr_atomic_fetch_add = Some(qp::wr_atomic_fetch_add);
+    x.wr_atomic_write = Some(qp::wr_atomic_write);
     x.wr_local_inv = Some(qp::wr_local_inv);
     x.wr_bind_mw = Some(qp::wr_bind_mw);
     x.wr_set_sge = Some(qp::wr_set_sge);

@@ -8,6 +8,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
+use std::ptr::NonNull;
 
 use parking_lot::Mutex;
 use rnic_verbs::{
@@ -117,7 +118,8 @@ const SEND_OPS: u64 = (sys::IBV_QP_EX_WITH_RDMA_WRITE
     | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | sys::IBV_QP_EX_WITH_LOCAL_INV
     | sys::IBV_QP_EX_WITH_BIND_MW
-    | sys::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+    | sys::IBV_QP_EX_WITH_SEND_WITH_INV
+    | sys::IBV_QP_EX_WITH_ATOMIC_WRITE) as u64;
 
 unsafe fn create(
     pd: *mut sys::ibv_pd,
@@ -823,6 +825,44 @@ pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(
                 remote_addr,
                 rkey,
                 add,
+            },
+        )
+    }
+}
+/// `ibv_wr_atomic_write`: the 8 bytes at `data`, stored at once.
+pub(crate) unsafe extern "C" fn wr_atomic_write(
+    p: *mut sys::ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    data: *const c_void,
+) {
+    let bytes = match NonNull::new(data.cast_mut().cast::<[u8; 8]>()) {
+        // SAFETY: verbs' contract: 8 readable bytes at `data`.
+        Some(d) => unsafe { d.as_ptr().read_unaligned() },
+        None => {
+            // SAFETY: passed on; the request fails at ibv_wr_complete.
+            unsafe {
+                begin(
+                    p,
+                    SendOp::AtomicWrite {
+                        remote_addr,
+                        rkey,
+                        data: [0; 8],
+                    },
+                );
+                last(p, |w| w.error = Some(libc::EFAULT));
+            }
+            return;
+        }
+    };
+    // SAFETY: passed on.
+    unsafe {
+        begin(
+            p,
+            SendOp::AtomicWrite {
+                remote_addr,
+                rkey,
+                data: bytes,
             },
         )
     }

@@ -14,7 +14,8 @@
  *   - misuse: a pointer that is not rnic's, a PD, region, SRQ or channel
  *     still in use, inline data over 256 bytes, an invalid attribute the mask
  *     names: each refused with rdma-core's errno; an ibv_wr_* batch with
- *     one bad request posts none of its requests;
+ *     one bad request posts none of its requests; ATOMIC WRITE through
+ *     ibv_wr_atomic_write;
  *   - ibv_rereg_mr keeps the keys and changes what they open: rights,
  *     memory, protection domain; rdma-core's input errors, and a refusal
  *     that changes nothing;
@@ -579,6 +580,21 @@ int main(void)
 		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3072, .rkey = mr->rkey } };
 	CHECK(ibv_post_send(n, &mark, &bad) == 0);
 	CHECK(next_wc().wr_id == 15);
+	/* ATOMIC WRITE through ibv_wr_*: 8 bytes stored at once; without its
+	 * bytes the request is refused, nothing posted. */
+	uint64_t word = 0x1122334455667788ULL;
+	memset(buf + 3584, 0, 16);
+	ibv_wr_start(nx);
+	nx->wr_id = 16;
+	nx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_write(nx, mr->rkey, (uintptr_t)buf + 3584, &word);
+	CHECK(ibv_wr_complete(nx) == 0);
+	wc = next_wc();
+	CHECK(wc.wr_id == 16 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE);
+	CHECK(memcmp(buf + 3584, &word, 8) == 0 && buf[3592] == 0);
+	ibv_wr_start(nx);
+	ibv_wr_atomic_write(nx, mr->rkey, (uintptr_t)buf + 3584, NULL);
+	CHECK(ibv_wr_complete(nx) == EFAULT);
 	/* An attribute the mask names must be valid; one it does not name is
 	 * not looked at. */
 	struct ibv_qp *fresh = make_qp(NULL);
