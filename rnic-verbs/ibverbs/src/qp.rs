@@ -878,6 +878,12 @@ pub(crate) unsafe extern "C" fn wr_bind_mw(
     info: *const sys::ibv_mw_bind_info,
 ) {
     if info.is_null() {
+        // Not dropped in silence: the batch fails at ibv_wr_complete.
+        // SAFETY: passed on.
+        unsafe {
+            begin(p, SendOp::LocalInv { rkey: 0 });
+            last(p, |w| w.error = Some(libc::EINVAL));
+        }
         return;
     }
     // SAFETY: the program's bind info, copied.

@@ -595,6 +595,10 @@ int main(void)
 	ibv_wr_start(nx);
 	ibv_wr_atomic_write(nx, mr->rkey, (uintptr_t)buf + 3584, NULL);
 	CHECK(ibv_wr_complete(nx) == EFAULT);
+	/* A window bind without its bind info is refused, not dropped. */
+	ibv_wr_start(nx);
+	ibv_wr_bind_mw(nx, NULL, 0, NULL);
+	CHECK(ibv_wr_complete(nx) == EINVAL);
 	/* An attribute the mask names must be valid; one it does not name is
 	 * not looked at. */
 	struct ibv_qp *fresh = make_qp(NULL);
