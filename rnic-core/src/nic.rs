@@ -763,6 +763,14 @@ impl Nic {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbError> {
         let qp = self.qps.remove(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         self.mem.pd_release(qp.pd);
+        // Its unpolled completions go with it, as mlx5 cleans its CQs on
+        // destroy (and on RESET): a QP number reused later never finds
+        // completions of the QP before it.
+        for h in [qp.send_cq, qp.recv_cq] {
+            if let Some(q) = self.cqs.get_mut(h.0 as usize) {
+                q.remove_qp(qpn);
+            }
+        }
         if let Some(h) = qp.srq {
             if let Ok(s) = self.srq_mut(h) {
                 s.users = s.users.saturating_sub(1);

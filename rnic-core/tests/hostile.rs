@@ -370,6 +370,35 @@ fn reset_takes_the_qps_unpolled_completions_out_of_its_cqs() {
         .map(|c| (c.wr_id, c.qp_num, c.status))
         .collect();
     assert_eq!(left, vec![(3, other, WcStatus::WrFlushErr)]);
+    // Destroyed, a QP takes its unpolled completions with it too.
+    let recv = rnic_core::wr::RecvWr {
+        wr_id: 4,
+        sg_list: p.sge_a(0, 8),
+    };
+    let now = p.c.now;
+    let nic = &mut p.c.nics[0];
+    let attr = rnic_core::qp::QpAttr {
+        dest_qp_num: p.b.qpn,
+        ..nic.query_qp(other).unwrap()
+    };
+    let attr = rnic_core::qp::QpAttr {
+        qp_state: QpState::Reset,
+        ..attr
+    };
+    nic.modify_qp(now, other, &attr, AttrMask::STATE).unwrap();
+    let attr = rnic_core::qp::QpAttr {
+        qp_state: QpState::Rts,
+        ..attr
+    };
+    nic.to_rts(now, other, &attr).unwrap();
+    nic.post_recv(now, other, recv).unwrap();
+    let attr = rnic_core::qp::QpAttr {
+        qp_state: QpState::Err,
+        ..attr
+    };
+    nic.modify_qp(now, other, &attr, AttrMask::STATE).unwrap();
+    nic.destroy_qp(other).unwrap();
+    assert!(p.completions(0).is_empty());
 }
 
 #[test]

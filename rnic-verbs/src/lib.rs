@@ -1290,7 +1290,17 @@ impl QueuePair {
         let qpn = std::mem::replace(&mut self.qpn, 0);
         self.dev.call(move |st| {
             st.qp_spans.remove(&qpn);
-            st.nic.destroy_qp(qpn)
+            let cqs = st.nic.qp_cqs(qpn);
+            st.nic.destroy_qp(qpn)?;
+            // What the program has not polled of it goes too.
+            if let Some((s, r)) = cqs {
+                for h in [s, r] {
+                    if let Some(sink) = st.cqs.get(&h) {
+                        sink.delivered.remove_qp(qpn);
+                    }
+                }
+            }
+            Ok::<(), VerbError>(())
         })??;
         Ok(())
     }
