@@ -526,6 +526,25 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
             rkey: atomic.rkey,
             add: atomic.compare_add,
         },
+        sys::IBV_WR_ATOMIC_WRITE => {
+            // "Atomically write 64 bits from given sg_list" (verbs.h): one
+            // 8-byte entry, read when posted, as inline data is.
+            let [s] = sg_list.as_slice() else {
+                return Err(libc::EINVAL);
+            };
+            if s.length != 8 {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the program's buffer, as verbs requires.
+            let bytes = unsafe { inline_bytes(std::iter::once((s.addr, 8)))? };
+            let mut data = [0u8; 8];
+            data.copy_from_slice(&bytes);
+            SendOp::AtomicWrite {
+                remote_addr: rdma.remote_addr,
+                rkey: rdma.rkey,
+                data,
+            }
+        }
         // SAFETY: as above.
         sys::IBV_WR_LOCAL_INV => SendOp::LocalInv {
             rkey: unsafe { w.__bindgen_anon_1.invalidate_rkey },
@@ -548,6 +567,12 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
         Some(unsafe { inline_bytes(list)? })
     } else {
         None
+    };
+    // ATOMIC WRITE carried its bytes in the request: no local buffer.
+    let sg_list = if matches!(op, SendOp::AtomicWrite { .. }) {
+        SgList::new()
+    } else {
+        sg_list
     };
     let wr = SendWr {
         wr_id: w.wr_id,

@@ -595,6 +595,20 @@ int main(void)
 	ibv_wr_start(nx);
 	ibv_wr_atomic_write(nx, mr->rkey, (uintptr_t)buf + 3584, NULL);
 	CHECK(ibv_wr_complete(nx) == EFAULT);
+	/* ATOMIC WRITE through ibv_post_send: the 8 bytes of its one SGE. */
+	uint64_t word2 = 0x0102030405060708ULL;
+	memcpy(buf + 1024, &word2, 8);
+	struct ibv_sge w8 = { .addr = (uintptr_t)buf + 1024, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr aw = { .wr_id = 17, .sg_list = &w8, .num_sge = 1,
+		.opcode = IBV_WR_ATOMIC_WRITE, .send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = { .remote_addr = (uintptr_t)buf + 3600, .rkey = mr->rkey } };
+	CHECK(ibv_post_send(n, &aw, &bad) == 0);
+	wc = next_wc();
+	CHECK(wc.wr_id == 17 && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_ATOMIC_WRITE);
+	CHECK(memcmp(buf + 3600, &word2, 8) == 0);
+	w8.length = 4;
+	bad = NULL;
+	CHECK(ibv_post_send(n, &aw, &bad) == EINVAL && bad == &aw);
 	/* A window bind without its bind info is refused, not dropped. */
 	ibv_wr_start(nx);
 	ibv_wr_bind_mw(nx, NULL, 0, NULL);
