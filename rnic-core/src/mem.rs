@@ -432,21 +432,7 @@ impl Memory {
         region: Box<dyn Region>,
         access: Access,
     ) -> Result<MrKeys, MemError> {
-        if !matches!(self.pds.get(pd.0 as usize), Some(Some(_))) {
-            return Err(MemError::NoSuchPd(pd));
-        }
-        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
-            && !access.contains(Access::LOCAL_WRITE)
-        {
-            return Err(MemError::RemoteWriteNeedsLocalWrite);
-        }
-        if access.contains(Access::FLUSH_PERSISTENT) && !region.can_persist() {
-            return Err(MemError::CannotPersist);
-        }
-        let len = region.len() as u64;
-        if iova.checked_add(len).is_none() {
-            return Err(MemError::AddressOverflow { iova, len });
-        }
+        self.check_registration(pd, iova, region.as_ref(), access)?;
         let index = match self.mrs.iter().position(Option::is_none) {
             Some(i) => i,
             None if self.mrs.len() < MW_INDEX => {
@@ -497,30 +483,13 @@ impl Memory {
         if mr.windows > 0 {
             return Err(MemError::WindowsBound(lkey));
         }
-        if let Some(pd) = pd {
-            if !matches!(self.pds.get(pd.0 as usize), Some(Some(_))) {
-                return Err(MemError::NoSuchPd(pd));
-            }
-        }
+        // The region as it would be, checked as a registration is.
         let new_access = access.unwrap_or(mr.access);
-        if (new_access.contains(Access::REMOTE_WRITE) || new_access.contains(Access::REMOTE_ATOMIC))
-            && !new_access.contains(Access::LOCAL_WRITE)
-        {
-            return Err(MemError::RemoteWriteNeedsLocalWrite);
-        }
-        let persists = match &translation {
-            Some((_, region)) => region.can_persist(),
-            None => mr.region.can_persist(),
+        let (iova, region) = match &translation {
+            Some((iova, region)) => (*iova, region.as_ref()),
+            None => (mr.iova, mr.region.as_ref()),
         };
-        if new_access.contains(Access::FLUSH_PERSISTENT) && !persists {
-            return Err(MemError::CannotPersist);
-        }
-        if let Some((iova, region)) = &translation {
-            let len = region.len() as u64;
-            if iova.checked_add(len).is_none() {
-                return Err(MemError::AddressOverflow { iova: *iova, len });
-            }
-        }
+        self.check_registration(pd.unwrap_or(mr.pd), iova, region, new_access)?;
         let old_pd = mr.pd;
         if let Some(pd) = pd {
             self.pd_release(old_pd);
@@ -538,6 +507,34 @@ impl Memory {
             mr.iova = iova;
             std::mem::replace(&mut mr.region, region)
         }))
+    }
+
+    /// What a region must be to be registered (or re-registered so): in a
+    /// domain that exists, with rights `ibv_reg_mr` allows, persistent if it
+    /// asks for FLUSH_PERSISTENT, and at addresses that do not wrap.
+    fn check_registration(
+        &self,
+        pd: PdHandle,
+        iova: u64,
+        region: &dyn Region,
+        access: Access,
+    ) -> Result<(), MemError> {
+        if !matches!(self.pds.get(pd.0 as usize), Some(Some(_))) {
+            return Err(MemError::NoSuchPd(pd));
+        }
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(MemError::RemoteWriteNeedsLocalWrite);
+        }
+        if access.contains(Access::FLUSH_PERSISTENT) && !region.can_persist() {
+            return Err(MemError::CannotPersist);
+        }
+        let len = region.len() as u64;
+        if iova.checked_add(len).is_none() {
+            return Err(MemError::AddressOverflow { iova, len });
+        }
+        Ok(())
     }
 
     /// Deregister the region with local key `lkey` and hand its memory back.
