@@ -244,6 +244,16 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 };
 
 /// No more scatter/gather entries than the queue takes.
+/// Take QP `qp`'s unpolled completions out of its CQs, as mlx5 cleans its
+/// CQs when a QP is reset or destroyed (mlx5_cq_clean).
+fn remove_completions(cqs: &mut [Cq], qp: &Qp) {
+    for h in [qp.send_cq, qp.recv_cq] {
+        if let Some(q) = cqs.get_mut(h.0 as usize) {
+            q.remove_qp(qp.qpn);
+        }
+    }
+}
+
 fn check_sges(sg_list: &[Sge], max: u32) -> Result<(), VerbError> {
     if sg_list.len() > max as usize {
         return Err(VerbError::TooManySge {
@@ -763,14 +773,9 @@ impl Nic {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbError> {
         let qp = self.qps.remove(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
         self.mem.pd_release(qp.pd);
-        // Its unpolled completions go with it, as mlx5 cleans its CQs on
-        // destroy (and on RESET): a QP number reused later never finds
-        // completions of the QP before it.
-        for h in [qp.send_cq, qp.recv_cq] {
-            if let Some(q) = self.cqs.get_mut(h.0 as usize) {
-                q.remove_qp(qpn);
-            }
-        }
+        // Its unpolled completions go with it: a QP number reused later
+        // never finds completions of the QP before it.
+        remove_completions(&mut self.cqs, &qp);
         if let Some(h) = qp.srq {
             if let Ok(s) = self.srq_mut(h) {
                 s.users = s.users.saturating_sub(1);
@@ -817,11 +822,7 @@ impl Nic {
                 // its CQs (mlx5_cq_clean). The layer holding completions
                 // handed over to the program cleans those
                 // ([`Nic::qp_cqs`]).
-                for h in [qp.send_cq, qp.recv_cq] {
-                    if let Some(q) = ctx.cqs.get_mut(h.0 as usize) {
-                        q.remove_qp(qpn);
-                    }
-                }
+                remove_completions(ctx.cqs, qp);
             }
             (QpState::Init, QpState::Rtr) => {
                 qp.epsn = Psn::new(qp.attr.rq_psn);

@@ -30,13 +30,13 @@ use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
 use rnic_core::Nic;
-
-use crate::watch::Watch;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
     set_socket_send_buffer_size, set_socket_send_buffer_size_force, Ipv4PathMtuDiscovery,
 };
+
+use crate::watch::Watch;
 
 /// Socket buffer size asked for, each way.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -229,6 +229,16 @@ impl EngineState {
         self.nic.handle_timeout(now);
         self.pump(socket);
         true
+    }
+
+    /// Take QP `qpn`'s completions handed to the program and not yet polled
+    /// out of its CQs `cqs` (send, receive): what the NIC does with its own
+    /// queues when the QP is reset or destroyed.
+    pub fn remove_delivered(&self, qpn: u32, cqs: Option<(CqHandle, CqHandle)>) {
+        let Some((s, r)) = cqs else { return };
+        for sink in [s, r].iter().filter_map(|h| self.cqs.get(h)) {
+            sink.delivered.remove_qp(qpn);
+        }
     }
 
     /// Whether packets are shown anywhere (a tap, a capture, the trace log).
@@ -472,9 +482,7 @@ impl Engine {
         drop(st);
         sh.wake_for(next);
     }
-}
 
-impl Engine {
     /// A thread is about to sleep until a completion (it armed a queue for
     /// an event, or waits on one): the engine thread must watch the socket
     /// for it, and is woken if it left the socket to pollers.

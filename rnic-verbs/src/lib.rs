@@ -378,25 +378,38 @@ impl ProtectionDomain {
     /// it, nothing can be made in this domain. A parent domain lets go of
     /// the domain under it.
     pub fn dealloc(&self) -> Result<()> {
-        let pd = self.pd;
         if self.parent {
-            self.dev.engine.call(move |st| st.nic.pd_release(pd))?;
+            self.release();
             return Ok(());
         }
+        let pd = self.pd;
         self.dev.engine.call(move |st| st.nic.dealloc_pd(pd))??;
         Ok(())
+    }
+
+    /// Count one more user of the domain that the NIC does not keep (a
+    /// parent domain, an address handle): `dealloc` is refused until
+    /// [`ProtectionDomain::release`].
+    fn acquire(&self) -> Result<()> {
+        let pd = self.pd;
+        self.dev.engine.call(move |st| st.nic.pd_acquire(pd))??;
+        Ok(())
+    }
+
+    /// One such user fewer.
+    fn release(&self) {
+        let pd = self.pd;
+        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
     }
 
     /// A parent domain over this domain (`ibv_alloc_parent_domain`): what
     /// is made in it is in this domain, and this domain cannot be freed
     /// until the parent is ([`ProtectionDomain::dealloc`] on it).
     pub fn parent_domain(&self) -> Result<ProtectionDomain> {
-        let pd = self.pd;
-        self.dev.engine.call(move |st| st.nic.pd_acquire(pd))??;
+        self.acquire()?;
         Ok(ProtectionDomain {
-            dev: self.dev.clone(),
-            pd,
             parent: true,
+            ..self.clone()
         })
     }
 
@@ -410,11 +423,12 @@ impl ProtectionDomain {
     /// freed until the hold is dropped, as `ibv_dealloc_pd` is refused
     /// while address handles are in the domain.
     pub fn hold(&self) -> Result<DomainHold> {
-        let pd = self.pd;
-        self.dev.engine.call(move |st| st.nic.pd_acquire(pd))??;
+        self.acquire()?;
         Ok(DomainHold {
-            dev: self.dev.clone(),
-            pd,
+            domain: ProtectionDomain {
+                parent: false,
+                ..self.clone()
+            },
         })
     }
 
@@ -856,6 +870,12 @@ impl MemoryWindow {
     pub fn rkey(&self) -> u32 {
         self.rkey.load(Ordering::Relaxed)
     }
+    /// The R_Key a bind gives it next: the same index, the low byte moved
+    /// on, as `ibv_inc_rkey` does.
+    pub fn next_rkey(&self) -> u32 {
+        let k = self.rkey();
+        (k & !0xFF) | (k.wrapping_add(1) & 0xFF)
+    }
 }
 
 impl Drop for MemoryWindow {
@@ -871,14 +891,12 @@ impl Drop for MemoryWindow {
 /// lets go.
 #[derive(Debug)]
 pub struct DomainHold {
-    dev: Device,
-    pd: PdHandle,
+    domain: ProtectionDomain,
 }
 
 impl Drop for DomainHold {
     fn drop(&mut self) {
-        let pd = self.pd;
-        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
+        self.domain.release();
     }
 }
 
@@ -1184,8 +1202,7 @@ impl QueuePair {
         len: usize,
         access: Access,
     ) -> Result<u32> {
-        let mw_rkey = mw.rkey();
-        let new_rkey = (mw_rkey & !0xFF) | (mw_rkey.wrapping_add(1) & 0xFF);
+        let new_rkey = mw.next_rkey();
         self.post_bind_mw(
             wr_id,
             mw,
@@ -1258,15 +1275,7 @@ impl QueuePair {
             tracing::debug!(?mask, state = %attr.qp_state, "modify_qp");
             st.nic.modify_qp(now, qpn, &attr, mask)?;
             if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
-                // What the program has not polled of the QP goes, as in
-                // the NIC's own queues.
-                if let Some((s, r)) = st.nic.qp_cqs(qpn) {
-                    for h in [s, r] {
-                        if let Some(sink) = st.cqs.get(&h) {
-                            sink.delivered.remove_qp(qpn);
-                        }
-                    }
-                }
+                st.remove_delivered(qpn, st.nic.qp_cqs(qpn));
             }
             Ok::<(), VerbError>(())
         })??;
@@ -1292,14 +1301,7 @@ impl QueuePair {
             st.qp_spans.remove(&qpn);
             let cqs = st.nic.qp_cqs(qpn);
             st.nic.destroy_qp(qpn)?;
-            // What the program has not polled of it goes too.
-            if let Some((s, r)) = cqs {
-                for h in [s, r] {
-                    if let Some(sink) = st.cqs.get(&h) {
-                        sink.delivered.remove_qp(qpn);
-                    }
-                }
-            }
+            st.remove_delivered(qpn, cqs);
             Ok::<(), VerbError>(())
         })??;
         Ok(())

@@ -7,10 +7,9 @@ use std::ffi::c_int;
 
 use rnic_verbs::{MemoryWindow, MwType};
 
-use crate::qp::Qp;
-
 use crate::ffi::{self, object, Object};
 use crate::pd::{next_handle, Pd};
+use crate::qp::Qp;
 use crate::sys;
 
 #[repr(C)]
@@ -90,10 +89,8 @@ pub(crate) unsafe extern "C" fn bind_mw(
         if m.mw.kind() != MwType::One {
             return Err(libc::EINVAL);
         }
-        let old = m.mw.rkey();
-        let new_rkey = (old & !0xFF) | (old.wrapping_add(1) & 0xFF);
         let (signaled, _, _) = crate::qp::flags(q, b.send_flags);
         // SAFETY: `mw` is checked; `bind_info.mr` is the program's.
-        unsafe { crate::qp::bind(q, b.wr_id, mw, new_rkey, &b.bind_info, signaled) }
+        unsafe { crate::qp::bind(q, b.wr_id, mw, m.mw.next_rkey(), &b.bind_info, signaled) }
     })
 }
