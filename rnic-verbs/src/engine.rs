@@ -178,15 +178,18 @@ impl EngineState {
     }
 
     /// Receive one batch from `socket` and run each datagram through the
-    /// NIC in arrival order, straight from the receive buffer; how many
-    /// there were (0: none waiting). Then send what that produced and
-    /// deliver completions.
-    fn receive(&mut self, socket: &UdpSocket) -> usize {
+    /// NIC in arrival order, straight from the receive buffer. Then send
+    /// what that produced and deliver completions.
+    fn receive(&mut self, socket: &UdpSocket) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
         // errors: nothing to receive this round.
         let n = self.rx.recv(socket.as_fd()).unwrap_or_default();
+        let mut got = Received {
+            packets: n,
+            unpolled: 0,
+        };
         if n == 0 {
-            return 0;
+            return got;
         }
         let dst = self.nic.addr();
         let now = self.now();
@@ -195,6 +198,13 @@ impl EngineState {
                 self.nic.count_malformed();
                 continue;
             };
+            if payload
+                .first()
+                .and_then(|&op| rnic_wire::Opcode(op).info())
+                .is_some_and(|i| i.ends_without_responder_completion())
+            {
+                got.unpolled += 1;
+            }
             // The BTH's destination QP (bytes 5-7): the local QP.
             let span = match payload.get(5..8) {
                 Some(q) if !self.qp_spans.is_empty() => {
@@ -216,7 +226,7 @@ impl EngineState {
                 .handle_udp(now, from.ip(), dst, from.port(), payload);
         }
         self.pump(socket);
-        n
+        got
     }
 
     /// Run the timers that are due, then send what they produced; whether
@@ -281,6 +291,17 @@ impl EngineState {
             c.record(sent, d);
         }
     }
+}
+
+/// What one [`EngineState::receive`] took in.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    /// Datagrams (0: none was waiting).
+    packets: usize,
+    /// Of those, requests that end without a completion here (a WRITE's
+    /// last packet, a READ or atomic request): no thread polling a
+    /// completion queue waits for them.
+    unpolled: usize,
 }
 
 /// What the engine thread and the application's threads share.
@@ -466,7 +487,7 @@ impl Engine {
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
-        let received = st.receive(&sh.socket);
+        let received = st.receive(&sh.socket).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -564,17 +585,18 @@ fn run(sh: &Shared, realtime: bool) {
         }
         // Receive everything waiting, a batch per system call, each batch
         // handled under the lock.
-        let mut received = 0;
+        let (mut received, mut unpolled) = (0, 0);
         loop {
-            let n = sh.state.lock().receive(&sh.socket);
-            received += n;
-            if n < crate::udp::BATCH {
+            let got = sh.state.lock().receive(&sh.socket);
+            received += got.packets;
+            unpolled += got.unpolled;
+            if got.packets < crate::udp::BATCH {
                 break;
             }
         }
         let now = sh.clock();
         watch.engine_took(received, now, sh.last_poll());
-        watch.back(now, received);
+        watch.back(now, unpolled);
         let mut busy = received > 0;
         let timeout = {
             let mut st = sh.state.lock();

@@ -22,13 +22,20 @@
 //!   unseen by it; so what counts is who took the packets.)
 //! - Then it sleeps without the socket for as long as threads keep polling,
 //!   and for at most [`AWAY_MAX`] after the last poll. Timers still wake it.
-//! - If, back on the socket, it finds packets that waited for it, a program
-//!   needed it: it watches for a while, [`STAY_MIN`] the first time, twice
-//!   as long each time it happens again (up to [`STAY_MAX`]), half as long
-//!   after each time the pollers left with nothing waiting. A program that
+//! - If, back on the socket, it finds waiting a request that no completion
+//!   queue will ever show here (the last packet of a WRITE without
+//!   immediate data, a READ or atomic request), a program needed it: it
+//!   watches for a while, [`STAY_MIN`] the first time, twice as long each
+//!   time it happens again (up to [`STAY_MAX`]), half as long after each
+//!   time the pollers left with nothing of the kind waiting. A program that
 //!   spins on memory between polls (ib_write_lat) so costs a packet
-//!   [`AWAY_MAX`] a few times at its start, then rarely; a polling program
-//!   whose thread was once held up (preempted) loses little.
+//!   [`AWAY_MAX`] a few times at its start, then rarely.
+//! - ACKs, READ responses and SENDs that waited say nothing: they end in
+//!   completions, and the next poll would have taken them. A polling thread
+//!   held up for a scheduler tick (4 ms behind a real-time thread on two
+//!   busy cores, as ib_write_bw's client is a few times a second) leaves
+//!   them waiting; staying for that cost the bandwidth client a wake-up
+//!   per packet batch, half a core, for the rest of its run.
 //! - Arming a completion queue for an event (or sleeping in
 //!   [`CompletionQueue::wait`](crate::CompletionQueue::wait)) says a thread
 //!   is about to sleep: the engine watches for a while, woken at once if it
@@ -115,8 +122,8 @@ impl Watch {
         last_poll.is_some_and(|p| now.saturating_sub(p) < AWAY_MAX)
     }
 
-    /// Back on the socket after sleeping away from it: `waiting` packets
-    /// were there.
+    /// Back on the socket after sleeping away from it: `waiting` requests
+    /// that end without a completion here were there.
     pub fn back(&mut self, now: u64, waiting: usize) {
         if !std::mem::take(&mut self.was_away) {
             return;

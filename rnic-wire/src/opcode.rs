@@ -225,6 +225,25 @@ impl OpcodeInfo {
         )
     }
 
+    /// True for the packet that ends a request its responder serves without
+    /// a completion of its own: the last (or only) packet of an RDMA WRITE
+    /// without immediate data, an RDMA READ request, an atomic, FLUSH,
+    /// ATOMIC WRITE. The responder's program sees such a request only in its
+    /// memory, if at all, never through a completion queue. (The first and
+    /// middle packets of a WRITE say nothing yet: the message may end with
+    /// immediate data.)
+    pub const fn ends_without_responder_completion(&self) -> bool {
+        match self.operation {
+            Operation::RdmaWrite => self.position.ends_message() && !self.has_immediate(),
+            Operation::RdmaReadRequest
+            | Operation::CompareSwap
+            | Operation::FetchAdd
+            | Operation::Flush
+            | Operation::AtomicWrite => true,
+            _ => false,
+        }
+    }
+
     /// True when the packet carries immediate data.
     pub const fn has_immediate(&self) -> bool {
         self.has(ExtHeader::ImmDt)
@@ -523,6 +542,34 @@ mod tests {
             assert_eq!(Opcode(op).info(), None, "{op:#x}");
         }
         assert_eq!(Opcode(0x40).to_string(), "UNKNOWN_0x40");
+    }
+
+    #[test]
+    fn requests_that_end_without_a_completion_at_the_responder() {
+        let names: Vec<&str> = OPCODES
+            .iter()
+            .filter(|i| i.transport == Transport::Rc && i.ends_without_responder_completion())
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "RC_RDMA_WRITE_LAST",
+                "RC_RDMA_WRITE_ONLY",
+                "RC_RDMA_READ_REQUEST",
+                "RC_COMPARE_SWAP",
+                "RC_FETCH_ADD",
+                "RC_FLUSH",
+                "RC_ATOMIC_WRITE",
+            ]
+        );
+        // A WRITE with immediate data ends in a receive completion; SENDs,
+        // responses and CNPs never qualify, on any transport.
+        for info in OPCODES {
+            if info.has_immediate() || !info.is_request() || info.operation == Send {
+                assert!(!info.ends_without_responder_completion(), "{}", info.name);
+            }
+        }
     }
 
     #[test]
