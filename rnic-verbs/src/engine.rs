@@ -318,15 +318,19 @@ struct Shared {
     stop: AtomicBool,
     /// The engine's clock starts here (as `EngineState::start`).
     start: Instant,
-    /// When a thread last polled an empty completion queue (ns on the
-    /// engine's clock; 0: never).
-    last_poll: AtomicU64,
+    /// When a thread last polled an empty completion queue or posted work
+    /// (ns on the engine's clock; 0: never): a thread in the data path,
+    /// which takes in packets at its next poll.
+    last_active: AtomicU64,
     /// The engine thread sleeps without watching the socket (see `watch`).
     away: AtomicBool,
     /// A thread said it is about to sleep until a completion.
     sleeper: AtomicBool,
     /// Packets taken in by polling threads, ever.
     polled_packets: AtomicU64,
+    /// Times the engine thread, back from leaving the socket to pollers,
+    /// found waiting a request no completion shows, and stayed.
+    stays: AtomicU64,
     /// `watch::AWAY_MAX`, or longer in a test that must see a sleeper
     /// served by being told, not by the engine coming back on its own.
     away_max: AtomicU64,
@@ -338,8 +342,14 @@ impl Shared {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn last_poll(&self) -> Option<u64> {
-        match self.last_poll.load(Ordering::Relaxed) {
+    /// A thread is in the data path now.
+    fn active(&self) {
+        self.last_active
+            .store(self.clock().max(1), Ordering::Relaxed);
+    }
+
+    fn last_active(&self) -> Option<u64> {
+        match self.last_active.load(Ordering::Relaxed) {
             0 => None,
             t => Some(t),
         }
@@ -424,10 +434,11 @@ impl Engine {
             sleeping_until: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
             start,
-            last_poll: AtomicU64::new(0),
+            last_active: AtomicU64::new(0),
             away: AtomicBool::new(false),
             sleeper: AtomicBool::new(false),
             polled_packets: AtomicU64::new(0),
+            stays: AtomicU64::new(0),
             away_max: AtomicU64::new(crate::watch::AWAY_MAX),
         });
         let engine_side = shared.clone();
@@ -471,6 +482,17 @@ impl Engine {
         Ok(r)
     }
 
+    /// [`Engine::call`] for a verb that posts work (a send, a receive, a
+    /// bind). The posting thread counts as one that polls: it will poll for
+    /// what it posted, and takes in what has arrived then. A bandwidth
+    /// client posts for a millisecond at a time between polls; counted as
+    /// idle, it brought the engine thread back to the socket each time, and
+    /// back to a wake-up per packet batch.
+    pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
+        self.shared.active();
+        self.call(f)
+    }
+
     /// Run-to-completion: on the calling thread (one that found its queue
     /// empty), take in what has arrived, as the engine thread would, so a
     /// program that polls needs no hand-off to another thread. Does nothing
@@ -483,7 +505,7 @@ impl Engine {
     /// would look at every queue pair's.
     pub fn progress(&self) {
         let sh = &*self.shared;
-        sh.last_poll.store(sh.clock().max(1), Ordering::Relaxed);
+        sh.active();
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
@@ -521,6 +543,10 @@ impl Engine {
     /// Whether the engine thread is asleep away from the socket.
     pub fn is_away(&self) -> bool {
         self.shared.away.load(Ordering::SeqCst)
+    }
+    /// Times the engine thread stayed for a request that waited for it.
+    pub fn stays(&self) -> u64 {
+        self.shared.stays.load(Ordering::Relaxed)
     }
     /// Let the socket go unwatched this long after the last poll.
     pub fn set_away_max(&self, ns: u64) {
@@ -577,7 +603,7 @@ fn run(sh: &Shared, realtime: bool) {
         }
         if watch.away(
             sh.clock(),
-            sh.last_poll(),
+            sh.last_active(),
             sh.away_max.load(Ordering::Relaxed),
         ) {
             leave_to_pollers(sh, &mut watch);
@@ -595,8 +621,14 @@ fn run(sh: &Shared, realtime: bool) {
             }
         }
         let now = sh.clock();
-        watch.engine_took(received, now, sh.last_poll());
-        watch.back(now, unpolled);
+        watch.engine_took(received, now, sh.last_active());
+        if watch.back(now, unpolled) {
+            sh.stays.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                requests = unpolled,
+                "requests no completion shows waited for the engine thread: it watches the socket again"
+            );
+        }
         let mut busy = received > 0;
         let timeout = {
             let mut st = sh.state.lock();
@@ -616,7 +648,7 @@ fn run(sh: &Shared, realtime: bool) {
             let now = st.now();
             // While threads poll, look at what they took at least every
             // AWAY_MAX: packets they take need not wake this thread.
-            let longest = if Watch::pollers_about(now.0, sh.last_poll()) {
+            let longest = if Watch::pollers_about(now.0, sh.last_active()) {
                 crate::watch::AWAY_MAX
             } else {
                 100_000_000
@@ -647,7 +679,7 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
         let mut st = sh.state.lock();
         st.run_due_timers(&sh.socket);
         let now = st.now().0;
-        let last = sh.last_poll().unwrap_or(now);
+        let last = sh.last_active().unwrap_or(now);
         let until = st
             .nic
             .next_deadline()

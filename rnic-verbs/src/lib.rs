@@ -333,6 +333,14 @@ impl Device {
     ) -> Result<R> {
         Ok(self.engine.call(f)?)
     }
+
+    /// `call` for a verb that posts work (see [`Engine::post`]).
+    fn post<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut EngineState) -> R + Send + 'static,
+    ) -> Result<R> {
+        Ok(self.engine.post(f)?)
+    }
 }
 
 /// The loopback addresses a default device takes, in the order it tries
@@ -937,7 +945,7 @@ impl SharedReceiveQueue {
     /// Post a receive (`ibv_post_srq_recv`).
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let srq = self.srq;
-        self.dev.call(move |st| st.nic.post_srq_recv(srq, wr))??;
+        self.dev.post(move |st| st.nic.post_srq_recv(srq, wr))??;
         Ok(())
     }
     /// Raise `AsyncEvent::SrqLimitReached` once, when fewer than `limit`
@@ -1169,7 +1177,7 @@ impl QueuePair {
             qpn: remote_qpn,
             qkey: remote_qkey,
         };
-        self.dev.call(move |st| {
+        self.dev.post(move |st| {
             let now = st.now();
             st.nic.post_send_ud(now, qpn, wr, to)
         })??;
@@ -1179,7 +1187,7 @@ impl QueuePair {
     /// Post a send work request.
     pub fn post_send(&self, wr: SendWr) -> Result<()> {
         let qpn = self.qpn;
-        self.dev.call(move |st| {
+        self.dev.post(move |st| {
             let now = st.now();
             let _in_qp = st.qp_span(qpn).entered();
             tracing::trace!(wr_id = wr.wr_id, op = ?wr.op, sges = wr.sg_list.len(), "post_send");
@@ -1255,7 +1263,7 @@ impl QueuePair {
     /// Post a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<()> {
         let qpn = self.qpn;
-        self.dev.call(move |st| {
+        self.dev.post(move |st| {
             let now = st.now();
             let _in_qp = st.qp_span(qpn).entered();
             tracing::trace!(wr_id = wr.wr_id, sges = wr.sg_list.len(), "post_recv");
@@ -1327,6 +1335,8 @@ mod tests {
         a_rcq: CompletionQueue,
         _a_qp: QueuePair,
         a_mr: MemoryRegion,
+        /// Where b's WRITEs land.
+        a_target: MemoryRegion,
         b_scq: CompletionQueue,
         b_qp: QueuePair,
         b_mr: MemoryRegion,
@@ -1349,6 +1359,9 @@ mod tests {
         b_qp.connect(&a_qp.endpoint(), &o).unwrap();
         Pair {
             a_mr: pa.register(64, Access::LOCAL_WRITE).unwrap(),
+            a_target: pa
+                .register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .unwrap(),
             b_mr: pb.register(64, Access::LOCAL_WRITE).unwrap(),
             a,
             chan,
@@ -1371,6 +1384,25 @@ mod tests {
                 .post_send(SendWr {
                     wr_id: 2,
                     op: SendOp::Send { imm: None },
+                    sg_list: sg_list![self.b_mr.sge(0, 8)],
+                    signaled: true,
+                    solicited: false,
+                    fence: false,
+                    inline: None,
+                })
+                .unwrap();
+        }
+
+        /// One WRITE from b into `a_target`.
+        fn write(&self) {
+            self.b_qp
+                .post_send(SendWr {
+                    wr_id: 3,
+                    op: SendOp::Write {
+                        remote_addr: self.a_target.addr(),
+                        rkey: self.a_target.rkey(),
+                        imm: None,
+                    },
                     sg_list: sg_list![self.b_mr.sge(0, 8)],
                     signaled: true,
                     solicited: false,
@@ -1456,6 +1488,66 @@ mod tests {
         p.a.engine.set_away_max(60_000_000_000);
         p.until_away();
         p.send_later(|cq| cq.wait(Duration::from_secs(10)));
+    }
+
+    // Away, the engine thread comes back to the socket TEST_AWAY after the
+    // last poll or post.
+    const TEST_AWAY: u64 = 5_000_000;
+
+    #[test]
+    fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
+        let p = pair();
+        p.a.engine.set_away_max(TEST_AWAY);
+        p.until_away();
+        let stays = p.a.engine.stays();
+        // Nobody on a polls (a poller held up, say): the engine thread comes
+        // back for the SEND, and a's next poll would have shown it anyway.
+        p.post();
+        p.sent();
+        assert_eq!(p.a.engine.stays(), stays, "a SEND kept the engine watching");
+        let c = p.a_rcq.spin(Duration::from_secs(10)).unwrap();
+        assert_eq!(c.status, WcStatus::Success);
+    }
+
+    #[test]
+    fn a_write_that_waited_for_the_engine_keeps_it_watching() {
+        let p = pair();
+        p.a.engine.set_away_max(TEST_AWAY);
+        p.until_away();
+        let stays = p.a.engine.stays();
+        // A WRITE shows in no completion queue of a's: a program waiting for
+        // it spins on memory, and needs the engine thread.
+        p.write();
+        p.sent();
+        assert_eq!(p.a.engine.stays(), stays + 1);
+        let mut landed = [0u8; 8];
+        assert!(p.a_target.read(0, &mut landed));
+        let mut sent = [0u8; 8];
+        assert!(p.b_mr.read(0, &mut sent));
+        assert_eq!(landed, sent);
+    }
+
+    #[test]
+    fn a_thread_that_posts_keeps_the_engine_away() {
+        let p = pair();
+        p.a.engine.set_away_max(TEST_AWAY);
+        p.until_away();
+        // Receives posted for four times TEST_AWAY, no poll.
+        for i in 0..20 {
+            p._a_qp
+                .post_recv(RecvWr {
+                    wr_id: 100 + i,
+                    sg_list: sg_list![p.a_mr.sge(0, 64)],
+                })
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // It may be between two sleeps away: look a few times.
+        let away = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_micros(10));
+            p.a.engine.is_away()
+        });
+        assert!(away, "the engine thread came back while a thread posted");
     }
 
     #[test]

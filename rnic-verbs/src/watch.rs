@@ -16,12 +16,15 @@
 //!
 //! - It watches the socket until [`LEAVE_AFTER`] packets in a row were
 //!   taken by polling threads, or by the engine thread while a thread was
-//!   polling (within [`POLLER_ACTIVE`]): those packets had a taker already.
+//!   polling or posting (within [`POLLER_ACTIVE`]): those packets had a
+//!   taker already. A thread that posts work counts as one that polls: it
+//!   will poll for what it posted.
 //!   (A packet a poller takes may still have woken the engine thread: the
 //!   kernel wakes it, finds the socket empty and puts it back to sleep,
 //!   unseen by it; so what counts is who took the packets.)
-//! - Then it sleeps without the socket for as long as threads keep polling,
-//!   and for at most [`AWAY_MAX`] after the last poll. Timers still wake it.
+//! - Then it sleeps without the socket for as long as threads keep polling
+//!   or posting, and for at most [`AWAY_MAX`] after the last poll or post.
+//!   Timers still wake it.
 //! - If, back on the socket, it finds waiting a request that no completion
 //!   queue will ever show here (the last packet of a WRITE without
 //!   immediate data, a READ or atomic request), a program needed it: it
@@ -44,12 +47,13 @@
 //! So nothing waits longer than [`AWAY_MAX`] for the engine thread; a
 //! program that polls pays no wake-ups.
 
-/// A thread that polled an empty queue this recently is polling (ns).
+/// A thread that polled an empty queue (or posted) this recently is
+/// polling (ns).
 pub const POLLER_ACTIVE: u64 = 500_000;
 /// Packets in a row that a polling thread took or could have taken, before
 /// the engine thread leaves the socket to the pollers.
 pub const LEAVE_AFTER: u64 = 64;
-/// The longest the socket goes unwatched after the last poll (ns).
+/// The longest the socket goes unwatched after the last poll or post (ns).
 pub const AWAY_MAX: u64 = 1_000_000;
 /// How long the engine thread watches, at least, once a packet waited for
 /// it or a thread said it would sleep (ns).
@@ -84,12 +88,12 @@ impl Default for Watch {
 
 impl Watch {
     /// Whether to sleep without the socket now, given when a thread last
-    /// polled an empty queue (`None`: never) and the longest the socket may
-    /// go unwatched after that (`AWAY_MAX`, longer in tests).
-    pub fn away(&self, now: u64, last_poll: Option<u64>, away_max: u64) -> bool {
+    /// polled an empty queue or posted (`None`: never) and the longest the
+    /// socket may go unwatched after that (`AWAY_MAX`, longer in tests).
+    pub fn away(&self, now: u64, last_active: Option<u64>, away_max: u64) -> bool {
         self.needless >= LEAVE_AFTER
             && now >= self.stay_until
-            && last_poll.is_some_and(|p| now.saturating_sub(p) < away_max)
+            && last_active.is_some_and(|p| now.saturating_sub(p) < away_max)
     }
 
     /// The engine thread is about to sleep: `away` as [`Watch::away`] said.
@@ -103,36 +107,39 @@ impl Watch {
     }
 
     /// The engine thread took `n` packets off the socket it watched; a
-    /// thread last polled at `last_poll`.
-    pub fn engine_took(&mut self, n: usize, now: u64, last_poll: Option<u64>) {
+    /// thread last polled or posted at `last_active`.
+    pub fn engine_took(&mut self, n: usize, now: u64, last_active: Option<u64>) {
         if n == 0 {
             return;
         }
-        if last_poll.is_some_and(|p| now.saturating_sub(p) < POLLER_ACTIVE) {
+        if last_active.is_some_and(|p| now.saturating_sub(p) < POLLER_ACTIVE) {
             self.needless = self.needless.saturating_add(1);
         } else {
             self.needless = 0;
         }
     }
 
-    /// Whether a thread polled recently enough that it may be taking
+    /// Whether a thread polled or posted recently enough that it may be taking
     /// packets: the engine thread then looks at the count at least this
     /// often, even with nothing to do.
-    pub fn pollers_about(now: u64, last_poll: Option<u64>) -> bool {
-        last_poll.is_some_and(|p| now.saturating_sub(p) < AWAY_MAX)
+    pub fn pollers_about(now: u64, last_active: Option<u64>) -> bool {
+        last_active.is_some_and(|p| now.saturating_sub(p) < AWAY_MAX)
     }
 
     /// Back on the socket after sleeping away from it: `waiting` requests
     /// that end without a completion here were there.
-    pub fn back(&mut self, now: u64, waiting: usize) {
+    /// Whether it stays to watch for that.
+    pub fn back(&mut self, now: u64, waiting: usize) -> bool {
         if !std::mem::take(&mut self.was_away) {
-            return;
+            return false;
         }
         if waiting > 0 {
             self.stay(now);
             self.stay = (self.stay * 2).min(STAY_MAX);
+            true
         } else {
             self.stay = (self.stay / 2).max(STAY_MIN);
+            false
         }
     }
 
@@ -199,14 +206,14 @@ mod tests {
         assert!(w.away(t, Some(t - 10), AWAY_MAX));
         w.sleeping(true);
         // Nothing waited: the pollers took everything.
-        w.back(t + AWAY_MAX, 0);
+        assert!(!w.back(t + AWAY_MAX, 0));
         assert!(w.away(t + AWAY_MAX + 20, Some(t + AWAY_MAX + 10), AWAY_MAX));
         // A packet waited (a program spinning on memory, say), again and
         // again: the engine stays STAY_MIN, then twice that, ...
         for stay in [STAY_MIN, 2 * STAY_MIN, 4 * STAY_MIN] {
             w.sleeping(true);
             t += 3 * AWAY_MAX;
-            w.back(t, 1);
+            assert!(w.back(t, 1));
             assert!(!w.away(t + 10, Some(t + 5), AWAY_MAX));
             assert!(!w.away(t + stay - 1, Some(t + stay - 2), AWAY_MAX));
             // After the stay it must learn again before it leaves.
