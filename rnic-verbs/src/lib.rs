@@ -1442,11 +1442,18 @@ mod tests {
         fn until_away(&self) {
             let stop = AtomicBool::new(false);
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            // Completions taken here: the sender keeps fewer than a's
+            // receive CQ holds outstanding, even if this thread is held up.
+            let taken_here = std::sync::atomic::AtomicU64::new(0);
             let mut taken = 0;
             let posted = std::thread::scope(|s| {
                 let sender = s.spawn(|| {
                     let mut n = 0;
                     while n < 5000 && !stop.load(Ordering::Relaxed) {
+                        if n - taken_here.load(Ordering::Relaxed) >= 32 {
+                            std::thread::yield_now();
+                            continue;
+                        }
                         self.post();
                         self.sent();
                         n += 1;
@@ -1459,6 +1466,7 @@ mod tests {
                     if let Some(c) = self.a_rcq.try_next() {
                         assert_eq!(c.status, WcStatus::Success);
                         taken += 1;
+                        taken_here.store(taken, Ordering::Relaxed);
                     }
                     if self.a.engine.is_away() {
                         stop.store(true, Ordering::Relaxed);
@@ -1491,8 +1499,9 @@ mod tests {
     }
 
     // Away, the engine thread comes back to the socket TEST_AWAY after the
-    // last poll or post.
-    const TEST_AWAY: u64 = 5_000_000;
+    // last poll or post: long enough that a test thread held up by a busy
+    // machine does not let it come back before the packet it sends.
+    const TEST_AWAY: u64 = 50_000_000;
 
     #[test]
     fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
@@ -1533,7 +1542,7 @@ mod tests {
         p.a.engine.set_away_max(TEST_AWAY);
         p.until_away();
         // Receives posted for four times TEST_AWAY, no poll.
-        for i in 0..20 {
+        for i in 0..200 {
             p._a_qp
                 .post_recv(RecvWr {
                     wr_id: 100 + i,
