@@ -8,6 +8,7 @@ use core::fmt;
 use core::net::IpAddr;
 use std::collections::VecDeque;
 
+use rnic_wire::encap::{Frame, LinkType};
 use rnic_wire::{icrc, IbPacket, Psn};
 
 use crate::cq::{Cq, CqHandle};
@@ -82,6 +83,9 @@ pub struct Counters {
     /// Responses dropped because a QP already held its most behind a READ
     /// response (the requester's retry recovers them).
     pub responses_dropped: u64,
+    /// Frames a frame transport handed over that were not RoCE v2 to this
+    /// NIC: another protocol, another UDP port, another destination address.
+    pub foreign_frames: u64,
 }
 
 /// Transport mechanisms that can be switched off, to watch what breaks without
@@ -1136,6 +1140,47 @@ impl Nic {
                 return;
             }
         }
+        self.handle_checked(now, src, dst, &pkt);
+    }
+
+    /// A whole frame, as a transport that sees every header receives it
+    /// (`link` says how it begins: an Ethernet header, or the IP header).
+    /// Its ICRC is verified over the IP header it arrived with, the IPv4
+    /// identification included, whatever the peer put there: rdma_rxe puts
+    /// a new value in every packet, which a UDP socket never shows. A frame
+    /// that is not RoCE v2 to this NIC's address (another protocol, UDP
+    /// port or destination) is dropped and counted as foreign; a RoCE v2
+    /// frame that does not parse, as malformed.
+    pub fn handle_frame(&mut self, now: Time, link: LinkType, frame: &[u8]) {
+        self.settled(|nic| nic.handle_frame_inner(now, link, frame));
+    }
+
+    fn handle_frame_inner(&mut self, now: Time, link: LinkType, frame: &[u8]) {
+        let f = match Frame::parse(link, frame) {
+            Ok(f) => f,
+            Err(e) if e.is_not_roce() => {
+                self.counters.foreign_frames += 1;
+                return;
+            }
+            Err(_) => {
+                self.counters.malformed += 1;
+                return;
+            }
+        };
+        let dst = f.ip.dst_addr();
+        if dst != self.addr {
+            self.counters.foreign_frames += 1;
+            return;
+        }
+        if !f.icrc_ok() {
+            self.counters.icrc_errors += 1;
+            return;
+        }
+        self.handle_checked(now, f.ip.src_addr(), dst, &f.ib);
+    }
+
+    /// A packet whose ICRC verified, from `src` to `dst`.
+    fn handle_checked(&mut self, now: Time, src: IpAddr, dst: IpAddr, pkt: &IbPacket<&[u8]>) {
         // IBTA 9.2.6: only transport header version 0 is defined.
         if pkt.bth().tver() != rnic_wire::bth::TVER {
             self.counters.bad_tver += 1;
@@ -1164,7 +1209,7 @@ impl Nic {
         }
         if qp.qp_type == QpType::Ud {
             ctx.counters.rcvd_pkts += 1;
-            qp.resp_ud(&mut ctx, &pkt, src, dst);
+            qp.resp_ud(&mut ctx, pkt, src, dst);
             return;
         }
         // A connected QP takes packets from its peer only.
@@ -1174,9 +1219,9 @@ impl Nic {
         }
         ctx.counters.rcvd_pkts += 1;
         if pkt.info().is_request() {
-            qp.resp_packet(&mut ctx, &pkt);
+            qp.resp_packet(&mut ctx, pkt);
         } else {
-            qp.comp_packet(&mut ctx, &pkt);
+            qp.comp_packet(&mut ctx, pkt);
         }
         qp.req_poll(&mut ctx);
     }
