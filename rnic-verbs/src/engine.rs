@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -30,6 +30,7 @@ use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
 use rnic_core::Nic;
+use rnic_wire::encap::LinkType;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
@@ -177,13 +178,14 @@ impl EngineState {
         }
     }
 
-    /// Receive one batch from `socket` and run each datagram through the
-    /// NIC in arrival order, straight from the receive buffer. Then send
-    /// what that produced and deliver completions.
-    fn receive(&mut self, socket: &UdpSocket) -> Received {
+    /// Receive one batch from `rx` and run each packet through the NIC in
+    /// arrival order, straight from the receive buffer. Then send what that
+    /// produced (from `socket` and the other UDP sockets) and deliver
+    /// completions.
+    fn receive(&mut self, rx: Rx<'_>, socket: &UdpSocket) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
         // errors: nothing to receive this round.
-        let n = self.rx.recv(socket.as_fd()).unwrap_or_default();
+        let n = self.rx.recv(rx.fd()).unwrap_or_default();
         let mut got = Received {
             packets: n,
             unpolled: 0,
@@ -194,9 +196,27 @@ impl EngineState {
         let dst = self.nic.addr();
         let now = self.now();
         for i in 0..n {
-            let Some((payload, from)) = self.rx.get(i) else {
-                self.nic.count_malformed();
-                continue;
+            // The IB packet (BTH onwards) and, from a UDP socket, its sender.
+            let (payload, from) = match rx {
+                Rx::Udp(_) => match self.rx.get(i) {
+                    Some((p, from)) => (p, Some(from)),
+                    None => {
+                        self.nic.count_malformed();
+                        continue;
+                    }
+                },
+                Rx::Frames(_) => match self.rx.frame(i) {
+                    // IPv4 (the filter passed nothing else): IHL words, then UDP.
+                    Some(f) => (
+                        f.get(usize::from(f[0] & 0x0F) * 4 + 8..)
+                            .unwrap_or_default(),
+                        None,
+                    ),
+                    None => {
+                        self.nic.count_malformed();
+                        continue;
+                    }
+                },
             };
             if payload
                 .first()
@@ -213,17 +233,38 @@ impl EngineState {
                 _ => tracing::Span::none(),
             };
             let _in_qp = span.enter();
-            if self.observed() {
-                let d = Datagram {
-                    src: from.ip(),
-                    dst,
-                    src_port: from.port(),
-                    payload: payload.to_vec(),
-                };
-                self.observe(false, now, &d);
+            match from {
+                Some(from) => {
+                    if self.observed() {
+                        let d = Datagram {
+                            src: from.ip(),
+                            dst,
+                            src_port: from.port(),
+                            payload: payload.to_vec(),
+                        };
+                        self.observe(false, now, &d);
+                    }
+                    self.nic
+                        .handle_udp(now, from.ip(), dst, from.port(), payload);
+                }
+                None => {
+                    let Some(frame) = self.rx.frame(i) else {
+                        continue;
+                    };
+                    if self.observed() {
+                        if let Ok(f) = rnic_wire::encap::Frame::parse(LinkType::RawIp, frame) {
+                            let d = Datagram {
+                                src: f.ip.src_addr(),
+                                dst: f.ip.dst_addr(),
+                                src_port: f.udp.src_port,
+                                payload: payload.to_vec(),
+                            };
+                            self.observe(false, now, &d);
+                        }
+                    }
+                    self.nic.handle_frame(now, LinkType::RawIp, frame);
+                }
             }
-            self.nic
-                .handle_udp(now, from.ip(), dst, from.port(), payload);
         }
         self.pump(socket);
         got
@@ -293,6 +334,23 @@ impl EngineState {
     }
 }
 
+/// Where the engine receives: the UDP socket on port 4791, or a frame
+/// socket on an interface (see `frames`).
+#[derive(Debug, Clone, Copy)]
+enum Rx<'a> {
+    Udp(&'a UdpSocket),
+    Frames(BorrowedFd<'a>),
+}
+
+impl<'a> Rx<'a> {
+    fn fd(self) -> BorrowedFd<'a> {
+        match self {
+            Rx::Udp(s) => s.as_fd(),
+            Rx::Frames(f) => f,
+        }
+    }
+}
+
 /// What one [`EngineState::receive`] took in.
 #[derive(Debug, Clone, Copy)]
 struct Received {
@@ -307,8 +365,11 @@ struct Received {
 /// What the engine thread and the application's threads share.
 struct Shared {
     state: Mutex<EngineState>,
-    /// The socket on 4791: it receives everything.
+    /// The socket on 4791: it receives everything, unless `frames` does.
     socket: UdpSocket,
+    /// The frame transport's packet socket (see `frames`), if the device
+    /// runs on one.
+    frames: Option<OwnedFd>,
     /// Wakes the engine thread from poll(2).
     wake: OwnedFd,
     /// When the engine thread means to wake up (ns on the engine's clock;
@@ -337,6 +398,14 @@ struct Shared {
 }
 
 impl Shared {
+    /// Where packets come in.
+    fn rx(&self) -> Rx<'_> {
+        match &self.frames {
+            Some(f) => Rx::Frames(f.as_fd()),
+            None => Rx::Udp(&self.socket),
+        }
+    }
+
     /// Now, in ns on the engine's clock, without the lock.
     fn clock(&self) -> u64 {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -406,7 +475,26 @@ fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
 impl Engine {
     /// Bind `addr`:4791 and start the engine thread.
     pub fn start(addr: IpAddr, seed: u64, priority: crate::sched::Priority) -> io::Result<Engine> {
+        Engine::start_on(addr, None, seed, priority)
+    }
+
+    /// Bind `addr`:4791 and start the engine thread, taking packets in from
+    /// `iface` through a frame socket if given (see `frames`).
+    pub fn start_on(
+        addr: IpAddr,
+        iface: Option<&crate::frames::Interface>,
+        seed: u64,
+        priority: crate::sched::Priority,
+    ) -> io::Result<Engine> {
         let socket = open_socket(addr, ROCE_PORT)?;
+        let frames = match iface {
+            Some(i) => {
+                let f = crate::frames::open(i)?;
+                crate::frames::receive_nothing(&socket)?;
+                Some(f)
+            }
+            None => None,
+        };
         crate::capture::register_local(addr);
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
@@ -430,6 +518,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             socket,
+            frames,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
@@ -509,7 +598,7 @@ impl Engine {
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
-        let received = st.receive(&sh.socket).packets;
+        let received = st.receive(sh.rx(), &sh.socket).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -613,7 +702,7 @@ fn run(sh: &Shared, realtime: bool) {
         // handled under the lock.
         let (mut received, mut unpolled) = (0, 0);
         loop {
-            let got = sh.state.lock().receive(&sh.socket);
+            let got = sh.state.lock().receive(sh.rx(), &sh.socket);
             received += got.packets;
             unpolled += got.unpolled;
             if got.packets < crate::udp::BATCH {
@@ -664,7 +753,7 @@ fn run(sh: &Shared, realtime: bool) {
         };
         watch.sleeping(false);
         let mut fds = [
-            PollFd::new(&sh.socket, PollFlags::IN),
+            PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
             PollFd::new(&sh.wake, PollFlags::IN),
         ];
         sleep(sh, &mut fds, timeout);

@@ -27,6 +27,9 @@ mod capture;
 mod channel;
 mod delivered;
 mod engine;
+// AF_PACKET, BPF and getifaddrs, which std and rustix do not wrap.
+#[allow(unsafe_code)]
+pub mod frames;
 #[allow(unsafe_code)]
 mod memory;
 pub mod rendezvous;
@@ -151,13 +154,29 @@ impl Device {
     /// Open a NIC on `addr` (IPv4 or IPv6): bind UDP port 4791 there and start
     /// its engine thread.
     pub fn open(addr: IpAddr) -> Result<Device> {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-            ^ u64::from(std::process::id()) << 32;
         let dev = Device {
-            engine: Arc::new(Engine::start(addr, seed, sched::Priority::from_env()?)?),
+            engine: Arc::new(Engine::start(addr, seed(), sched::Priority::from_env()?)?),
+        };
+        if let Some(path) = std::env::var_os("RNIC_PCAP") {
+            dev.capture(std::path::Path::new(&path))?;
+        }
+        Ok(dev)
+    }
+
+    /// Open a NIC on network interface `name`, at its IPv4 address, taking
+    /// packets in as whole frames (see [`frames`]): the transport to talk
+    /// to peers that put their own IPv4 identification in each packet, as
+    /// rdma_rxe does. Needs CAP_NET_RAW.
+    pub fn open_on_interface(name: &str) -> Result<Device> {
+        let iface = frames::Interface::find(name)?;
+        let addr = frames::addr_of(&iface);
+        let dev = Device {
+            engine: Arc::new(Engine::start_on(
+                addr,
+                Some(&iface),
+                seed(),
+                sched::Priority::from_env()?,
+            )?),
         };
         if let Some(path) = std::env::var_os("RNIC_PCAP") {
             dev.capture(std::path::Path::new(&path))?;
@@ -341,6 +360,15 @@ impl Device {
     ) -> Result<R> {
         Ok(self.engine.post(f)?)
     }
+}
+
+/// A NIC's random seed: the time and the process.
+fn seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+        ^ u64::from(std::process::id()) << 32
 }
 
 /// The loopback addresses a default device takes, in the order it tries

@@ -98,6 +98,12 @@ impl RecvBatch {
         Ok(n)
     }
 
+    /// Frame `i` of the last batch, from a packet socket: its bytes, or
+    /// None if it was truncated.
+    pub fn frame(&self, i: usize) -> Option<&[u8]> {
+        (!self.truncated[i]).then(|| &self.bufs[i * SLOT..i * SLOT + self.lens[i]])
+    }
+
     /// Datagram `i` of the last batch: its bytes and sender, or None if it
     /// was truncated or its sender is not an IP address.
     pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {

@@ -99,6 +99,11 @@ enum Command {
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
         #[arg(short = 'm', long, default_value_t = 1024)]
         mtu: u32,
+        /// Run the NIC on this network interface, at its IPv4 address, with
+        /// the frame transport (needs CAP_NET_RAW): to talk to rdma_rxe or
+        /// a hardware RoCE NIC. Without it, on a loopback address.
+        #[arg(long)]
+        iface: Option<String>,
     },
     /// Run an unmodified verbs program (ibv_rc_pingpong, ib_write_bw, your
     /// own) on rnic: its libibverbs.so.1 is rnic's drop-in library.
@@ -214,6 +219,7 @@ fn main() -> ExitCode {
             size,
             iters,
             mtu,
+            iface,
         } => {
             let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
                 eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
@@ -225,6 +231,7 @@ fn main() -> ExitCode {
                 size,
                 iters,
                 mtu,
+                iface,
             };
             match pingpong::run(&o) {
                 Ok(()) => ExitCode::SUCCESS,

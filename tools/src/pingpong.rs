@@ -21,6 +21,8 @@ pub struct Options {
     pub iters: u64,
     /// Path MTU.
     pub mtu: Mtu,
+    /// The network interface of the frame transport, if not loopback.
+    pub iface: Option<String>,
 }
 
 const T: Duration = Duration::from_secs(30);
@@ -34,7 +36,10 @@ fn exchange(o: &Options, mine: &Endpoint) -> std::io::Result<Endpoint> {
 
 /// Run as server or client; prints ibv_rc_pingpong's two result lines.
 pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
-    let dev = Device::open_loopback()?;
+    let dev = match &o.iface {
+        Some(name) => Device::open_on_interface(name)?,
+        None => Device::open_loopback()?,
+    };
     let pd = dev.alloc_pd()?;
     let size = o.size.max(1);
     let mr = pd.register(2 * size as usize, Access::LOCAL_WRITE)?;
