@@ -13,7 +13,8 @@
 //! exactly that (`IP_PMTUDISC_DO` on an unconnected socket), so rnic-to-rnic
 //! traffic verifies end to end, the IPv4 identification included. A peer that
 //! puts its own IDs in IPv4 (rdma_rxe does) fails this check: talking to such
-//! a peer needs the frame transport, which reads the whole IP header.
+//! a peer needs the frame transport (`frames`), which reads the whole IP
+//! header.
 
 use std::collections::HashMap;
 use std::io;
