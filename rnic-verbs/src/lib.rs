@@ -1531,11 +1531,18 @@ mod tests {
     // machine does not let it come back before the packet it sends.
     const TEST_AWAY: u64 = 50_000_000;
 
-    #[test]
-    fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
+    /// A pair whose a's engine thread has left the socket to this thread,
+    /// coming back TEST_AWAY after the last poll or post.
+    fn pair_away() -> Pair {
         let p = pair();
         p.a.engine.set_away_max(TEST_AWAY);
         p.until_away();
+        p
+    }
+
+    #[test]
+    fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
+        let p = pair_away();
         let stays = p.a.engine.stays();
         // Nobody on a polls (a poller held up, say): the engine thread comes
         // back for the SEND, and a's next poll would have shown it anyway.
@@ -1548,9 +1555,7 @@ mod tests {
 
     #[test]
     fn a_write_that_waited_for_the_engine_keeps_it_watching() {
-        let p = pair();
-        p.a.engine.set_away_max(TEST_AWAY);
-        p.until_away();
+        let p = pair_away();
         let stays = p.a.engine.stays();
         // A WRITE shows in no completion queue of a's: a program waiting for
         // it spins on memory, and needs the engine thread.
@@ -1566,9 +1571,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_posts_keeps_the_engine_away() {
-        let p = pair();
-        p.a.engine.set_away_max(TEST_AWAY);
-        p.until_away();
+        let p = pair_away();
         // Receives posted for four times TEST_AWAY, no poll.
         for i in 0..200 {
             p._a_qp
