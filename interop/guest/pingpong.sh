@@ -1,8 +1,10 @@
 #!/bin/sh
 # In the rxe VM (busybox sh): rdma_rxe on eth0 (10.88.0.2), a virtio NIC on
-# the host's tap, against rnic on the host side (10.88.0.1): first
-# ibv_rc_pingpong as the client of rnic's server, then as the server of
-# rnic's client. Writes a line "NAME RC" per run to /mnt/host/out/results.
+# the host's tap, against rnic on the host side (10.88.0.1). ibv_rc_pingpong
+# runs as the client of rnic's server, then as the server of rnic's client,
+# first against `rnic pingpong`, then (with -c, the data checked) against
+# ibv_rc_pingpong itself on rnic's drop-in libibverbs. Writes a line
+# "NAME RC" per run to /mnt/host/out/results.
 ip=/usr/sbin/ip
 out=/mnt/host/out
 mkdir -p $out
@@ -19,10 +21,23 @@ done)
 [ -n "$gid" ] || exit 2
 iters=$(cat /mnt/host/iters)
 : >$out/results
-timeout 60 ibv_rc_pingpong -d rxe0 -g "$gid" -n "$iters" -s 4096 10.88.0.1 >$out/rxe_client.txt 2>&1
-echo "rxe_client $?" >>$out/results
-timeout 60 ibv_rc_pingpong -d rxe0 -g "$gid" -n "$iters" -s 4096 >$out/rxe_server.txt 2>&1
-echo "rxe_server $?" >>$out/results
+failed=0
+# run NAME ARGS...: ibv_rc_pingpong on rxe0, its result in the results.
+run() {
+    name=$1
+    shift
+    timeout 60 ibv_rc_pingpong -d rxe0 -g "$gid" -n "$iters" -s 4096 "$@" >$out/$name.txt 2>&1
+    rc=$?
+    echo "$name $rc" >>$out/results
+    [ $rc = 0 ] || failed=1
+}
+run rxe_client 10.88.0.1
+run rxe_server
+# The host's next server starts when its client is done: give it time.
+sleep 3
+run rxe_client_c -c 10.88.0.1
+run rxe_server_c -c
 for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
     echo "${f##*/}=$(cat "$f")"
 done
+exit $failed

@@ -118,6 +118,11 @@ enum Command {
         /// or unprivileged user namespaces.
         #[arg(long)]
         sysfs: bool,
+        /// Run the default device on this network interface, at its IPv4
+        /// address, with the frame transport (sets RNIC_IFACE; needs
+        /// CAP_NET_RAW): to talk to rdma_rxe or a hardware RoCE NIC.
+        #[arg(long)]
+        iface: Option<String>,
         /// The program.
         program: std::ffi::OsString,
         /// Its arguments.
@@ -244,9 +249,15 @@ fn main() -> ExitCode {
         Command::Exec {
             devices,
             sysfs,
+            iface,
             program,
             args,
         } => {
+            if let Some(i) = iface {
+                // Set before any thread starts; the program exec'd next
+                // inherits it.
+                std::env::set_var("RNIC_IFACE", i);
+            }
             let e = exec::run(&program, &args, devices.as_deref(), sysfs);
             eprintln!("rnic exec: {e}");
             ExitCode::from(127)

@@ -2,7 +2,9 @@
 //! and the queries (`ibv_query_device`, `ibv_query_port`, `ibv_query_gid`).
 //!
 //! By default a process sees one device, `rnic0`, which opens on the first
-//! free loopback address (or `RNIC_ADDR`). `RNIC_DEVICES=NAME=ADDR,...`
+//! free loopback address (or `RNIC_ADDR`), or with `RNIC_IFACE=IF` on that
+//! network interface's IPv4 address with the frame transport (to talk to
+//! rdma_rxe or a hardware NIC). `RNIC_DEVICES=NAME=ADDR,...`
 //! names the devices instead, in order. A device's NIC (its engine and UDP
 //! socket) starts at its first `ibv_open_device` and is shared by every
 //! context opened on it, so two QPs of one device connect to each other.
@@ -135,9 +137,13 @@ impl Slot {
         if let Some(d) = &*nic {
             return Ok(d.clone());
         }
-        let d = match self.spec.addr {
-            Some(a) => Device::open(a),
-            None => Device::open_loopback(),
+        // The default device runs on RNIC_IFACE with the frame transport,
+        // if set (see rnic_verbs::frames), else on a loopback address.
+        let iface = std::env::var("RNIC_IFACE").ok().filter(|i| !i.is_empty());
+        let d = match (self.spec.addr, iface) {
+            (Some(a), _) => Device::open(a),
+            (None, Some(i)) => Device::open_on_interface(&i),
+            (None, None) => Device::open_loopback(),
         }
         .map_err(|e| {
             eprintln!("rnic: cannot open {}: {e}", self.spec.name);
