@@ -197,22 +197,17 @@ impl EngineState {
         let dst = self.nic.addr();
         let now = self.now();
         for i in 0..n {
-            // The IB packet (BTH onwards) and, from a UDP socket, its sender.
-            let (payload, from) = match rx {
+            // The IB packet (BTH onwards), and where it came from.
+            let (payload, source) = match rx {
                 Rx::Udp(_) => match self.rx.get(i) {
-                    Some((p, from)) => (p, Some(from)),
+                    Some((p, from)) => (p, Source::Udp(from)),
                     None => {
                         self.nic.count_malformed();
                         continue;
                     }
                 },
                 Rx::Frames(_) => match self.rx.frame(i) {
-                    // IPv4 (the filter passed nothing else): IHL words, then UDP.
-                    Some(f) => (
-                        f.get(usize::from(f[0] & 0x0F) * 4 + 8..)
-                            .unwrap_or_default(),
-                        None,
-                    ),
+                    Some(f) => (crate::frames::ib_packet(f), Source::Frame(f)),
                     None => {
                         self.nic.count_malformed();
                         continue;
@@ -234,8 +229,8 @@ impl EngineState {
                 _ => tracing::Span::none(),
             };
             let _in_qp = span.enter();
-            match from {
-                Some(from) => {
+            match source {
+                Source::Udp(from) => {
                     if self.observed() {
                         let d = Datagram {
                             src: from.ip(),
@@ -248,10 +243,7 @@ impl EngineState {
                     self.nic
                         .handle_udp(now, from.ip(), dst, from.port(), payload);
                 }
-                None => {
-                    let Some(frame) = self.rx.frame(i) else {
-                        continue;
-                    };
+                Source::Frame(frame) => {
                     if self.observed() {
                         if let Ok(f) = rnic_wire::encap::Frame::parse(LinkType::RawIp, frame) {
                             let d = Datagram {
@@ -352,10 +344,19 @@ impl<'a> Rx<'a> {
     }
 }
 
+/// Where one received packet came from.
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    /// A UDP socket: the sender's address and port.
+    Udp(SocketAddr),
+    /// A frame socket: the whole IP packet.
+    Frame(&'a [u8]),
+}
+
 /// What one [`EngineState::receive`] took in.
 #[derive(Debug, Clone, Copy)]
 struct Received {
-    /// Datagrams (0: none was waiting).
+    /// Packets (0: none was waiting).
     packets: usize,
     /// Of those, requests that end without a completion here (a WRITE's
     /// last packet, a READ or atomic request): no thread polling a
@@ -460,28 +461,27 @@ fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
         // DF on every datagram and IPv4 identification 0: the ICRC convention.
         set_ip_mtu_discover(&socket, Ipv4PathMtuDiscovery::DO)?;
     }
-    // A requester may have 1024 packets in flight; the default receive buffer
-    // (about 200 KiB) drops a burst of them, and each tail loss costs a local
-    // ACK timeout. Ask for 4 MiB (beyond net.core.rmem_max only as root), and
-    // settle for what the kernel grants.
-    if set_socket_recv_buffer_size_force(&socket, SOCKET_BUFFER).is_err() {
-        let _ = set_socket_recv_buffer_size(&socket, SOCKET_BUFFER);
-    }
+    ask_recv_buffer(socket.as_fd());
     if set_socket_send_buffer_size_force(&socket, SOCKET_BUFFER).is_err() {
         let _ = set_socket_send_buffer_size(&socket, SOCKET_BUFFER);
     }
     Ok(socket)
 }
 
-impl Engine {
-    /// Bind `addr`:4791 and start the engine thread.
-    pub fn start(addr: IpAddr, seed: u64, priority: crate::sched::Priority) -> io::Result<Engine> {
-        Engine::start_on(addr, None, seed, priority)
+/// A requester may have 1024 packets in flight; the default receive buffer
+/// (about 200 KiB) drops a burst of them, and each tail loss costs a local
+/// ACK timeout. Ask for 4 MiB on `fd` (beyond net.core.rmem_max only as
+/// root), and settle for what the kernel grants.
+pub(crate) fn ask_recv_buffer(fd: BorrowedFd<'_>) {
+    if set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER).is_err() {
+        let _ = set_socket_recv_buffer_size(fd, SOCKET_BUFFER);
     }
+}
 
+impl Engine {
     /// Bind `addr`:4791 and start the engine thread, taking packets in from
     /// `iface` through a frame socket if given (see `frames`).
-    pub fn start_on(
+    pub fn start(
         addr: IpAddr,
         iface: Option<&crate::frames::Interface>,
         seed: u64,

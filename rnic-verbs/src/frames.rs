@@ -19,7 +19,7 @@
 use std::ffi::CString;
 use std::io;
 use std::mem::size_of;
-use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// One classic BPF instruction.
@@ -192,13 +192,17 @@ pub(crate) fn open(iface: &Interface) -> io::Result<OwnedFd> {
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&fd, 4 << 20);
+    crate::engine::ask_recv_buffer(fd.as_fd());
     Ok(fd)
 }
 
-/// The device address a frame transport on `iface` takes.
-pub(crate) fn addr_of(iface: &Interface) -> IpAddr {
-    IpAddr::V4(iface.addr)
+/// The IB packet (BTH through ICRC) of an IPv4 packet the frame socket
+/// took in: past the IP header (its IHL words) and the UDP header; empty if
+/// the packet is shorter than that. Enough to look at the opcode and the
+/// QP before the NIC parses and verifies the whole packet.
+pub(crate) fn ib_packet(ip_packet: &[u8]) -> &[u8] {
+    let ip_len = ip_packet.first().map_or(0, |b| usize::from(b & 0x0F) * 4);
+    ip_packet.get(ip_len + 8..).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -303,6 +307,19 @@ mod tests {
         v6[0] = 0x60;
         assert!(!pass(&v6), "IPv6");
         assert!(!pass(&udp4(me, 4791)[..22]), "cut short before the port");
+    }
+
+    #[test]
+    fn the_ib_packet_follows_the_ip_and_udp_headers() {
+        let me: Ipv4Addr = "10.0.0.1".parse().unwrap();
+        let mut p = udp4(me, 4791);
+        p[28] = 0x0A;
+        assert_eq!(ib_packet(&p).first(), Some(&0x0A));
+        assert_eq!(ib_packet(&p).len(), 64);
+        p[0] = 0x46; // four bytes of options: the payload starts later
+        assert_eq!(ib_packet(&p).len(), 60);
+        assert!(ib_packet(&p[..20]).is_empty());
+        assert!(ib_packet(&[]).is_empty());
     }
 
     #[test]

@@ -154,8 +154,15 @@ impl Device {
     /// Open a NIC on `addr` (IPv4 or IPv6): bind UDP port 4791 there and start
     /// its engine thread.
     pub fn open(addr: IpAddr) -> Result<Device> {
+        Device::start(addr, None)
+    }
+
+    /// Start a NIC's engine on `addr`, on `iface` if given, recording to
+    /// `RNIC_PCAP` if that is set.
+    fn start(addr: IpAddr, iface: Option<&frames::Interface>) -> Result<Device> {
+        let engine = Engine::start(addr, iface, seed(), sched::Priority::from_env()?)?;
         let dev = Device {
-            engine: Arc::new(Engine::start(addr, seed(), sched::Priority::from_env()?)?),
+            engine: Arc::new(engine),
         };
         if let Some(path) = std::env::var_os("RNIC_PCAP") {
             dev.capture(std::path::Path::new(&path))?;
@@ -169,19 +176,7 @@ impl Device {
     /// rdma_rxe does. Needs CAP_NET_RAW.
     pub fn open_on_interface(name: &str) -> Result<Device> {
         let iface = frames::Interface::find(name)?;
-        let addr = frames::addr_of(&iface);
-        let dev = Device {
-            engine: Arc::new(Engine::start_on(
-                addr,
-                Some(&iface),
-                seed(),
-                sched::Priority::from_env()?,
-            )?),
-        };
-        if let Some(path) = std::env::var_os("RNIC_PCAP") {
-            dev.capture(std::path::Path::new(&path))?;
-        }
-        Ok(dev)
+        Device::start(IpAddr::V4(iface.addr), Some(&iface))
     }
 
     /// Record every packet of this device in the pcap file at `path` (devices

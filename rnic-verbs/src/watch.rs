@@ -127,8 +127,8 @@ impl Watch {
     }
 
     /// Back on the socket after sleeping away from it: `waiting` requests
-    /// that end without a completion here were there.
-    /// Whether it stays to watch for that.
+    /// that end without a completion here were there. Returns whether it
+    /// stays to watch for such requests.
     pub fn back(&mut self, now: u64, waiting: usize) -> bool {
         if !std::mem::take(&mut self.was_away) {
             return false;
