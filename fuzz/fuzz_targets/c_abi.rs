@@ -3,8 +3,16 @@
 //! field is the fuzzer's, except that pointers point at memory the program
 //! owns (verbs trusts a program's pointers, as rdma-core does). Nothing may
 //! crash or panic; a refused call returns an errno (posts set `bad_wr` to
-//! the request refused), and the device keeps working: after each input a
+//! the request refused), and the library keeps working: after each input a
 //! WRITE on a known-good QP pair must still complete and land.
+//!
+//! The good pair lives on a second device, at another address. On the
+//! inputs' own device it would not be out of their reach: a QP the fuzzer
+//! modifies may name any destination QP, and a request with the right PSN
+//! and a wrong key moves the QP it reaches to the error state, as the IBTA
+//! requires (RoCE cannot tell two QPs of one address apart). From another
+//! address the good pair takes nothing: a connected QP takes packets from
+//! its peer's address only.
 
 #![no_main]
 
@@ -19,9 +27,8 @@ use libfuzzer_sys::fuzz_target;
 mod common;
 use common::*;
 
-/// The device, its region, and a connected QP (`good`, its peer beside it)
-/// that the inputs cannot reach: each input makes a QP of its own (and a
-/// peer for it) and breaks what it can.
+/// The inputs' device and its region (each input makes a QP of its own, and
+/// a peer for it, and breaks what it can), and the good pair's.
 struct World {
     ctx: *mut sys::ibv_context,
     pd: *mut sys::ibv_pd,
@@ -29,7 +36,17 @@ struct World {
     mr: *mut sys::ibv_mr,
     buf: *mut u8,
     gid: sys::ibv_gid,
-    good: *mut sys::ibv_qp,
+    good: Good,
+}
+
+/// A device at another address, its region, and a connected QP (`qp`, its
+/// peer beside it) that the inputs cannot reach.
+struct Good {
+    ctx: *mut sys::ibv_context,
+    cq: *mut sys::ibv_cq,
+    mr: *mut sys::ibv_mr,
+    buf: *mut u8,
+    qp: *mut sys::ibv_qp,
 }
 // SAFETY: the fuzzer runs inputs on one thread; the objects are rnic's,
 // which are thread-safe.
@@ -77,35 +94,15 @@ unsafe fn qp(w: &World, caps: sys::ibv_qp_cap, qp_type: u32) -> *mut sys::ibv_qp
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        // Its own device, away from other programs' default addresses.
-        std::env::set_var("RNIC_DEVICES", "rnic0=127.0.0.211");
+        // Devices of their own, away from other programs' default addresses:
+        // rnic0 for the inputs, rnic1 for the good pair.
+        std::env::set_var("RNIC_DEVICES", "rnic0=127.0.0.211,rnic1=127.0.0.212");
         // SAFETY: the verbs calls of a C program, on objects made here.
         unsafe {
             let list = ibv_get_device_list(null_mut());
-            assert!(!list.is_null() && !(*list).is_null());
-            let ctx = ibv_open_device(*list);
+            assert!(!list.is_null() && !(*list).is_null() && !(*list.add(1)).is_null());
+            let (d, good_dev) = (device(*list), device(*list.add(1)));
             ibv_free_device_list(list);
-            let pd = ibv_alloc_pd(ctx);
-            let cq = ibv_create_cq(ctx, 4096, null_mut(), null_mut(), 0);
-            let buf = Box::leak(vec![0u8; BUF].into_boxed_slice()).as_mut_ptr();
-            let access = sys::IBV_ACCESS_LOCAL_WRITE
-                | sys::IBV_ACCESS_REMOTE_WRITE
-                | sys::IBV_ACCESS_REMOTE_READ
-                | sys::IBV_ACCESS_REMOTE_ATOMIC
-                | sys::IBV_ACCESS_MW_BIND;
-            let mr = ibv_reg_mr(pd, buf.cast(), BUF, access as c_int);
-            assert!(!ctx.is_null() && !pd.is_null() && !cq.is_null() && !mr.is_null());
-            let mut gid: sys::ibv_gid = std::mem::zeroed();
-            assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
-            let mut w = World {
-                ctx,
-                pd,
-                cq,
-                mr,
-                buf,
-                gid,
-                good: null_mut(),
-            };
             let caps = sys::ibv_qp_cap {
                 max_send_wr: 64,
                 max_recv_wr: 64,
@@ -113,12 +110,70 @@ fn world() -> &'static World {
                 max_recv_sge: 4,
                 max_inline_data: 256,
             };
-            let (g, h) = (qp(&w, caps, sys::IBV_QPT_RC), qp(&w, caps, sys::IBV_QPT_RC));
-            assert!(connect(g, (*h).qp_num, gid, HOW) && connect(h, (*g).qp_num, gid, HOW));
-            w.good = g;
-            w
+            let (g, h) = (
+                create_qp(good_dev.pd, good_dev.cq, caps, sys::IBV_QPT_RC),
+                create_qp(good_dev.pd, good_dev.cq, caps, sys::IBV_QPT_RC),
+            );
+            assert!(
+                connect(g, (*h).qp_num, good_dev.gid, HOW)
+                    && connect(h, (*g).qp_num, good_dev.gid, HOW)
+            );
+            World {
+                ctx: d.ctx,
+                pd: d.pd,
+                cq: d.cq,
+                mr: d.mr,
+                buf: d.buf,
+                gid: d.gid,
+                good: Good {
+                    ctx: good_dev.ctx,
+                    cq: good_dev.cq,
+                    mr: good_dev.mr,
+                    buf: good_dev.buf,
+                    qp: g,
+                },
+            }
         }
     })
+}
+
+/// An open device with a PD, a CQ, a region over a buffer of its own, and
+/// its RoCE v2 GID.
+struct Dev {
+    ctx: *mut sys::ibv_context,
+    pd: *mut sys::ibv_pd,
+    cq: *mut sys::ibv_cq,
+    mr: *mut sys::ibv_mr,
+    buf: *mut u8,
+    gid: sys::ibv_gid,
+}
+
+/// Open `dev` and make its PD, CQ and region.
+unsafe fn device(dev: *mut sys::ibv_device) -> Dev {
+    // SAFETY: the verbs calls of a C program, on a device of the list.
+    unsafe {
+        let ctx = ibv_open_device(dev);
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 4096, null_mut(), null_mut(), 0);
+        let buf = Box::leak(vec![0u8; BUF].into_boxed_slice()).as_mut_ptr();
+        let access = sys::IBV_ACCESS_LOCAL_WRITE
+            | sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ
+            | sys::IBV_ACCESS_REMOTE_ATOMIC
+            | sys::IBV_ACCESS_MW_BIND;
+        let mr = ibv_reg_mr(pd, buf.cast(), BUF, access as c_int);
+        assert!(!ctx.is_null() && !pd.is_null() && !cq.is_null() && !mr.is_null());
+        let mut gid: sys::ibv_gid = std::mem::zeroed();
+        assert_eq!(ibv_query_gid(ctx, 1, 0, &mut gid), 0);
+        Dev {
+            ctx,
+            pd,
+            cq,
+            mr,
+            buf,
+            gid,
+        }
+    }
 }
 
 /// Drain the CQ (bounded), each completion's status a valid one.
@@ -146,7 +201,7 @@ unsafe fn drain(w: &World) {
 }
 
 /// A WRITE on the pair the input cannot touch lands and completes.
-unsafe fn still_works(w: &World, round: u64) {
+unsafe fn still_works(w: &Good, round: u64) {
     // SAFETY: the harness's objects and buffer.
     unsafe {
         let post = (*w.ctx).ops.post_send.unwrap();
@@ -171,7 +226,7 @@ unsafe fn still_works(w: &World, round: u64) {
         wr.wr.rdma.rkey = (*w.mr).rkey;
         let mut bad = null_mut();
         assert_eq!(
-            post(w.good, &mut wr, &mut bad),
+            post(w.qp, &mut wr, &mut bad),
             0,
             "the good QP refused a WRITE"
         );
@@ -319,6 +374,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(ibv_destroy_qp(peer), 0);
         drain(w);
         static ROUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        still_works(w, ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        still_works(
+            &w.good,
+            ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
     }
 });
