@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -385,6 +385,11 @@ struct Shared {
     /// (ns on the engine's clock; 0: never): a thread in the data path,
     /// which takes in packets at its next poll.
     last_active: AtomicU64,
+    /// The core that thread ran on then (`usize::MAX`: unknown): the
+    /// engine thread's place (see `sched`).
+    active_cpu: AtomicUsize,
+    /// The engine thread's thread ID (0 until it runs).
+    tid: AtomicU32,
     /// The engine thread sleeps without watching the socket (see `watch`).
     away: AtomicBool,
     /// A thread said it is about to sleep until a completion.
@@ -417,6 +422,17 @@ impl Shared {
     fn active(&self) {
         self.last_active
             .store(self.clock().max(1), Ordering::Relaxed);
+        let cpu = crate::sched::current_cpu().unwrap_or(usize::MAX);
+        if self.active_cpu.load(Ordering::Relaxed) != cpu {
+            self.active_cpu.store(cpu, Ordering::Relaxed);
+        }
+    }
+
+    fn active_cpu(&self) -> Option<usize> {
+        match self.active_cpu.load(Ordering::Relaxed) {
+            usize::MAX => None,
+            c => Some(c),
+        }
     }
 
     fn last_active(&self) -> Option<u64> {
@@ -525,6 +541,8 @@ impl Engine {
             stop: AtomicBool::new(false),
             start,
             last_active: AtomicU64::new(0),
+            active_cpu: AtomicUsize::new(usize::MAX),
+            tid: AtomicU32::new(0),
             away: AtomicBool::new(false),
             sleeper: AtomicBool::new(false),
             polled_packets: AtomicU64::new(0),
@@ -540,6 +558,10 @@ impl Engine {
             .name(format!("rnic-engine-{addr}"))
             .spawn(move || {
                 let _entered = span.enter();
+                engine_side.tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get() as u32,
+                    Ordering::Relaxed,
+                );
                 let realtime = crate::sched::apply(priority);
                 tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
                 let _ = ready.send(());
@@ -638,6 +660,15 @@ impl Engine {
     pub fn stays(&self) -> u64 {
         self.shared.stays.load(Ordering::Relaxed)
     }
+    /// The engine thread's thread ID.
+    pub fn engine_tid(&self) -> i32 {
+        self.shared.tid.load(Ordering::Relaxed) as i32
+    }
+    /// The cores the engine thread may run on now.
+    pub fn engine_cpus(&self) -> rustix::thread::CpuSet {
+        let pid = rustix::thread::Pid::from_raw(self.engine_tid()).expect("the engine thread runs");
+        rustix::thread::sched_getaffinity(Some(pid)).unwrap()
+    }
     /// Let the socket go unwatched this long after the last poll.
     pub fn set_away_max(&self, ns: u64) {
         self.shared.away_max.store(ns, Ordering::Relaxed);
@@ -684,7 +715,20 @@ fn run(sh: &Shared, realtime: bool) {
     let mut idle_since: Option<Instant> = None;
     let mut watch = Watch::default();
     let mut polled = 0;
+    // In real time, the engine thread runs on its program's core.
+    let mut follow = if realtime {
+        rustix::thread::sched_getaffinity(None)
+            .ok()
+            .map(crate::sched::Follow::new)
+    } else {
+        None
+    };
     while !sh.stop.load(Ordering::Acquire) {
+        if let Some(f) = follow.as_mut() {
+            if let Some(m) = f.decide(sh.clock(), sh.last_active(), sh.active_cpu()) {
+                f.apply(m);
+            }
+        }
         let p = sh.polled_packets.load(Ordering::Relaxed);
         watch.pollers_took(p - polled);
         polled = p;

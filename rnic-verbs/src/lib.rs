@@ -1585,6 +1585,54 @@ mod tests {
         assert!(away, "the engine thread came back while a thread posted");
     }
 
+    /// A real-time engine thread runs on the core of the thread that
+    /// polls, follows it to another, and may run anywhere again once
+    /// nobody polls (`sched::Follow`). In the normal class it stays free.
+    #[test]
+    fn the_engine_thread_runs_where_its_program_polls() {
+        use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let d = Device::open_loopback().unwrap();
+        let cq = d.create_cq(4).unwrap();
+        let realtime = sched::is_realtime(d.engine.engine_tid());
+        let allowed = sched_getaffinity(None).unwrap();
+        assert_eq!(d.engine.engine_cpus(), allowed);
+        let cores: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&c| allowed.is_set(c))
+            .collect();
+        let only = |c: usize| {
+            let mut s = CpuSet::new();
+            s.set(c);
+            s
+        };
+        // Last core first, so the first move is away from where the engine
+        // thread most likely started.
+        for &core in cores.iter().rev().take(2) {
+            let followed = std::thread::scope(|s| {
+                s.spawn(|| {
+                    sched_setaffinity(None, &only(core)).unwrap();
+                    let limit = Duration::from_millis(if realtime { 5000 } else { 100 });
+                    let t = std::time::Instant::now();
+                    while t.elapsed() < limit {
+                        assert!(cq.try_next().is_none());
+                        if d.engine.engine_cpus() == only(core) {
+                            return true;
+                        }
+                    }
+                    false
+                })
+                .join()
+                .unwrap()
+            });
+            assert_eq!(followed, realtime, "core {core}, real time: {realtime}");
+        }
+        // Nobody polls: the engine thread may run anywhere again.
+        let t = std::time::Instant::now();
+        while d.engine.engine_cpus() != allowed && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(d.engine.engine_cpus(), allowed);
+    }
+
     #[test]
     fn arming_a_queue_for_an_event_brings_the_engine_back() {
         let p = pair();
