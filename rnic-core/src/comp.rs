@@ -6,7 +6,7 @@ use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{IbPacket, Operation, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{scatter, Ctx, Qp};
+use crate::rc::{scatter, Ctx, Qp, MAX_INFLIGHT_PKTS, RECOVERY_WINDOW};
 use crate::time::Time;
 use crate::wr::{SendOp, WcStatus};
 
@@ -123,18 +123,27 @@ impl Qp {
         psn == self.una || self.ack_through(ctx, psn.sub(1))
     }
 
-    /// Acknowledged progress: reset the retry budget and the timer, complete
-    /// what can be completed.
+    /// Acknowledged progress: reset the retry budget and the timer, open the
+    /// window, complete what can be completed.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
-        self.retry_left = self.attr.retry_cnt;
-        self.rnr_left = self.attr.rnr_retry;
-        self.retry_started = false;
+        self.responder_heard();
         self.complete_front(ctx);
         if self.una == self.max_sent || self.sq.is_empty() {
             self.ack_deadline = None;
         } else {
             self.arm_ack_timer(ctx);
         }
+    }
+
+    /// The responder answered in sequence: the retry budget is whole again
+    /// (retry_cnt counts retries in a row without an answer), a NAK or a
+    /// gap may start a retransmission again, and a window shrunk by a
+    /// timeout doubles.
+    fn responder_heard(&mut self) {
+        self.retry_left = self.attr.retry_cnt;
+        self.rnr_left = self.attr.rnr_retry;
+        self.retry_started = false;
+        self.window = self.window.saturating_mul(2).min(MAX_INFLIGHT_PKTS);
     }
 
     /// Complete finished requests at the head of the send queue, in post order.
@@ -339,6 +348,7 @@ impl Qp {
                     if !self.retry_from(ctx, una) {
                         return;
                     }
+                    self.window = RECOVERY_WINDOW;
                     self.arm_ack_timer(ctx);
                 }
             }

@@ -238,6 +238,16 @@ impl Default for QpCaps {
 /// The largest number of packets a requester has unacknowledged at once.
 pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 
+/// Packets a requester may have unacknowledged after a local ACK timeout,
+/// until the responder is heard from again. A timeout says the path or the
+/// responder could not take the last window; resending all of it at once
+/// (up to `MAX_INFLIGHT_PKTS`) to a responder that is merely slow (an
+/// emulated CPU behind a full queue) loses its head again behind the tail
+/// of the last burst, and the retries run out while the link is up. Each
+/// acknowledged step doubles the window back towards the maximum, as TCP
+/// opens its congestion window after a retransmission timeout.
+pub(crate) const RECOVERY_WINDOW: u32 = 16;
+
 /// Inside a long message, every this many packets asks for an ACK (as
 /// rdma_rxe does every 64): without it a message longer than the in-flight
 /// window would wait for an ACK nobody was asked for, time out, and resend
@@ -274,6 +284,9 @@ pub(crate) struct Qp {
     /// or a timeout started it); until the responder is seen to progress, a
     /// NAK or gap does not start another.
     pub retry_started: bool,
+    /// Packets that may be unacknowledged now: `MAX_INFLIGHT_PKTS`, or less
+    /// after a local ACK timeout (see [`RECOVERY_WINDOW`]).
+    pub window: u32,
 
     // Responder.
     pub rq: VecDeque<RecvWr>,
@@ -324,6 +337,7 @@ impl Qp {
             ack_deadline: None,
             rnr_until: None,
             retry_started: false,
+            window: MAX_INFLIGHT_PKTS,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: 0,

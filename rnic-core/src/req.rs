@@ -25,7 +25,7 @@ impl Qp {
         }
         while self.next_wqe < self.sq.len() {
             let outstanding = self.first_psn_of_next().forward_from(self.una);
-            if outstanding >= MAX_INFLIGHT_PKTS {
+            if outstanding >= self.window.min(MAX_INFLIGHT_PKTS) {
                 break;
             }
             let w = &self.sq[self.next_wqe];
@@ -208,8 +208,14 @@ impl Qp {
                     ib.ieth = inv.map(|r_key| ieth::Repr { r_key });
                 }
                 ib.bth.solicited = last && solicited;
-                // UC has no acknowledgements to ask for.
-                ib.bth.ack_req = (last || (k + 1) % ACK_EVERY == 0) && !self.is_uc();
+                // UC has no acknowledgements to ask for. The packet that
+                // fills the window asks too: nothing more goes out until
+                // an ACK comes (a window shrunk by a timeout is smaller
+                // than ACK_EVERY).
+                let fills_window =
+                    psn.next().forward_from(self.una) >= self.window.min(MAX_INFLIGHT_PKTS);
+                ib.bth.ack_req =
+                    (last || (k + 1) % ACK_EVERY == 0 || fills_window) && !self.is_uc();
                 ib.payload_len = payload.len();
             }
             SendOp::Read { remote_addr, rkey } => {

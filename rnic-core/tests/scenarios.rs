@@ -342,3 +342,70 @@ fn psns_wrap_and_b_psns_are_its_own() {
         .filter(|s| s.src == b)
         .all(|s| s.opcode == Opcode::RC_ACKNOWLEDGE));
 }
+
+/// A local ACK timeout shrinks the requester's window to 16 packets, the
+/// last of which asks for an ACK; each ACK then doubles it. Resending a
+/// whole 1024-packet window to a responder that could not take the last
+/// one (a slow receiver behind a full queue) would lose its head again.
+#[test]
+fn a_timeout_resends_a_small_window_and_acks_open_it_again() {
+    let (mut p, a, b) = pair(36, &Params::default());
+    let data: Vec<u8> = (0..200 * 1024u32).map(|i| (i * 31 + 7) as u8).collect();
+    p.write_a(0, &data);
+    // The responder's ACKs of the first pass are lost.
+    p.c.net.partition(b, a);
+    let rkey = p.b.mr.rkey;
+    p.post(
+        1,
+        SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey,
+            imm: None,
+        },
+        p.sge_a(0, data.len() as u32),
+    );
+    // Past the first pass, before the ACK timeout (1.05 ms).
+    let until = p.c.now + Duration::from_micros(500);
+    p.c.run(until, 1_000_000);
+    p.c.net.heal(b, a);
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert_eq!(p.read(1, 0, data.len()), data);
+    let seen = wire(&p);
+    let first_pass = seen.iter().filter(|s| s.src == a).take(200).count();
+    assert_eq!(first_pass, 200);
+    // After the first pass: the bursts from A between answers from B.
+    let mut bursts = vec![];
+    let mut run = 0;
+    let after: Vec<_> = {
+        let start = seen
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.src == a)
+            .nth(200)
+            .map(|(i, _)| i)
+            .unwrap();
+        seen[start..].to_vec()
+    };
+    assert_eq!(
+        after[0].psn, A_PSN,
+        "the retransmission starts at the first PSN"
+    );
+    for s in &after {
+        if s.src == a {
+            run += 1;
+        } else if run > 0 {
+            bursts.push(run);
+            run = 0;
+        }
+    }
+    if run > 0 {
+        bursts.push(run);
+    }
+    assert_eq!(
+        &bursts[..3],
+        &[16, 32, 64],
+        "bursts after the timeout: {bursts:?}"
+    );
+    assert_eq!(bursts.iter().sum::<usize>(), 200);
+}
