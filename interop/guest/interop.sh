@@ -1,42 +1,82 @@
 #!/bin/sh
 # In the rxe VM (busybox sh): rdma_rxe on eth0 (10.88.0.2), a virtio NIC on
-# the host's tap, against rnic on the host side (10.88.0.1). ibv_rc_pingpong
-# runs as the client of rnic's server, then as the server of rnic's client,
-# first against `rnic pingpong`, then (with -c, the data checked) against
-# ibv_rc_pingpong itself on rnic's drop-in libibverbs. Writes a line
-# "NAME RC" per run to /mnt/host/out/results.
+# the host's tap, against rnic on the host side (10.88.0.1). Runs the cases
+# in /mnt/host/cases (see interop/cases) in order, each twice: as the client
+# of rnic's server, then as the server of rnic's client. Writes a line
+# "NAME.SERVER RC" per run to /mnt/host/out/results. /mnt/host/mtu is the
+# link's MTU; /mnt/host/netem, if not empty, a netem impairment for both
+# directions.
 ip=/usr/sbin/ip
+tc=/usr/sbin/tc
 out=/mnt/host/out
 mkdir -p $out
-exec >$out/pingpong.log 2>&1
+exec >$out/guest.log 2>&1
 set -x
 sysctl -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
-$ip link set eth0 mtu 1500 up
+$ip link set eth0 mtu "$(cat /mnt/host/mtu)" up
 $ip addr add 10.88.0.2/24 dev eth0
 ping -c 1 -W 5 10.88.0.1 || exit 2
+# Impairment, both ways, if asked: netem on eth0 for what rxe sends, and on
+# an ifb device that eth0's ingress is redirected through for what it
+# receives.
+if [ -s /mnt/host/netem ]; then
+    netem=$(cat /mnt/host/netem)
+    # shellcheck disable=SC2086
+    $tc qdisc add dev eth0 root netem $netem || exit 2
+    # (loading ifb made ifb0 already)
+    $ip link show ifb0 >/dev/null 2>&1 || $ip link add ifb0 type ifb || exit 2
+    $ip link set ifb0 up
+    $tc qdisc add dev eth0 handle ffff: ingress || exit 2
+    $tc filter add dev eth0 parent ffff: matchall action mirred egress redirect dev ifb0 || exit 2
+    # shellcheck disable=SC2086
+    $tc qdisc add dev ifb0 root netem $netem || exit 2
+    $tc qdisc show
+fi
 rdma link add rxe0 type rxe netdev eth0 || exit 2
 gid=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
     case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*) echo "${g##*/}"; break ;; esac
 done)
 [ -n "$gid" ] || exit 2
-iters=$(cat /mnt/host/iters)
 : >$out/results
 failed=0
-# run NAME ARGS...: ibv_rc_pingpong on rxe0, its result in the results.
-run() {
-    name=$1
+# attempt NAME ARGS...: one program on rxe0, its exit status in $rc.
+attempt() {
+    local run=$1
     shift
-    timeout 60 ibv_rc_pingpong -d rxe0 -g "$gid" -n "$iters" -s 4096 "$@" >$out/$name.txt 2>&1
+    timeout 120 "$@" </dev/null >"$out/$run.rxe.txt" 2>&1
     rc=$?
-    echo "$name $rc" >>$out/results
-    [ $rc = 0 ] || failed=1
 }
-run rxe_client 10.88.0.1
-run rxe_server
-# The host's next server starts when its client is done: give it time.
-sleep 3
-run rxe_client_c -c 10.88.0.1
-run rxe_server_c -c
+record() { # NAME: $rc in the results
+    echo "$1 $rc" >>$out/results
+    [ "$rc" = 0 ] || failed=1
+}
+run() { # NAME ARGS...
+    attempt "$@"
+    record "$1"
+}
+# client NAME ARGS...: run, tried again (for at most 90 s) while rnic's
+# server is not listening yet.
+client() {
+    for _ in $(seq 90); do
+        attempt "$@"
+        [ "$rc" != 0 ] && grep -qE "connect to|socket connection" "$out/$1.rxe.txt" || break
+        sleep 1
+    done
+    record "$1"
+}
+while read -r name port prog args; do
+    case "$name" in '#'* | '') continue ;; esac
+    case "$prog" in
+    pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $gid" ;;
+    ibv_*) cmd="$prog -d rxe0 -g $gid" ;;
+    *) cmd="$prog -d rxe0 -x $gid" ;;
+    esac
+    # shellcheck disable=SC2086
+    client "$name.rnic-server" $cmd $args -p "$port" 10.88.0.1
+    # shellcheck disable=SC2086
+    run "$name.rxe-server" $cmd $args -p $((port + 1))
+done </mnt/host/cases
+$tc -s qdisc show 2>/dev/null
 for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
     echo "${f##*/}=$(cat "$f")"
 done

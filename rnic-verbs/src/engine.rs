@@ -462,6 +462,8 @@ pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     pub addr: IpAddr,
+    /// The largest IP packet the link carries.
+    pub link_mtu: u32,
     /// The process that started the thread: a forked child has a copy of
     /// this struct but not the thread.
     pid: u32,
@@ -482,6 +484,17 @@ fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
         let _ = set_socket_send_buffer_size(&socket, SOCKET_BUFFER);
     }
     Ok(socket)
+}
+
+/// The largest IP packet between `addr` and its peers: the interface's MTU
+/// on the frame transport; loopback carries 64 KiB; any other address is
+/// taken to be on 1500-byte Ethernet.
+fn link_mtu(addr: IpAddr, iface: Option<&crate::frames::Interface>) -> u32 {
+    match iface {
+        Some(i) => i.mtu,
+        None if addr.is_loopback() => 65536,
+        None => 1500,
+    }
 }
 
 /// A requester may have 1024 packets in flight; the default receive buffer
@@ -574,6 +587,7 @@ impl Engine {
             shared,
             thread: Some(thread),
             addr,
+            link_mtu: link_mtu(addr, iface),
             pid: std::process::id(),
         })
     }
@@ -843,4 +857,27 @@ fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
     sh.sleeping_until.store(u64::MAX, Ordering::Release);
     let mut counter = [0u8; 8];
     let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The port's MTU follows the link: the interface's MTU on the frame
+    /// transport (a tap at 9000 carries 4096-byte IB packets, Ethernet at
+    /// 1500 only 1024), 64 KiB on loopback, 1500 elsewhere.
+    #[test]
+    fn the_link_mtu_is_the_interface_s() {
+        let tap = |mtu| crate::frames::Interface {
+            name: "tap0".into(),
+            index: 7,
+            addr: std::net::Ipv4Addr::new(10, 88, 0, 1),
+            mtu,
+        };
+        let v4 = IpAddr::from([10, 88, 0, 1]);
+        assert_eq!(link_mtu(v4, Some(&tap(9000))), 9000);
+        assert_eq!(link_mtu(v4, Some(&tap(1500))), 1500);
+        assert_eq!(link_mtu(v4, None), 1500);
+        assert_eq!(link_mtu(IpAddr::from([127, 0, 0, 1]), None), 65536);
+    }
 }

@@ -99,6 +99,8 @@ pub struct Interface {
     pub index: u32,
     /// Its first IPv4 address: the NIC's.
     pub addr: Ipv4Addr,
+    /// Its MTU: the largest IP packet it carries.
+    pub mtu: u32,
 }
 
 impl Interface {
@@ -120,10 +122,18 @@ impl Interface {
                 format!("network interface {name} has no IPv4 address"),
             )
         })?;
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))?;
+        let mtu = mtu.trim().parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("network interface {name}: MTU {mtu:?}"),
+            )
+        })?;
         Ok(Interface {
             name: name.into(),
             index,
             addr,
+            mtu,
         })
     }
 }

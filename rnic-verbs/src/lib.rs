@@ -223,14 +223,11 @@ impl Device {
     }
 
     /// Its one port (`ibv_query_port`): always active; the active MTU is the
-    /// largest IB MTU whose packets fit the link (loopback carries 64 KiB
-    /// frames; any other address is taken to be 1500-byte Ethernet).
+    /// largest IB MTU whose packets fit the link (the interface's MTU on the
+    /// frame transport; loopback carries 64 KiB; any other address is taken
+    /// to be 1500-byte Ethernet).
     pub fn query_port(&self) -> PortAttr {
-        let link_mtu = if self.addr().is_loopback() {
-            65536
-        } else {
-            1500
-        };
+        let link_mtu = self.engine.link_mtu as usize;
         // IPv6 + UDP + BTH + the largest extension headers + ICRC.
         let overhead = 40 + 8 + 12 + 28 + 4;
         PortAttr {
