@@ -229,34 +229,30 @@ impl EngineState {
                 _ => tracing::Span::none(),
             };
             let _in_qp = span.enter();
+            if self.observed() {
+                // The addresses as the packet carried them.
+                let addrs = match source {
+                    Source::Udp(from) => Some((from.ip(), dst, from.port())),
+                    Source::Frame(frame) => rnic_wire::encap::Frame::parse(LinkType::RawIp, frame)
+                        .ok()
+                        .map(|f| (f.ip.src_addr(), f.ip.dst_addr(), f.udp.src_port)),
+                };
+                if let Some((src, dst, src_port)) = addrs {
+                    let d = Datagram {
+                        src,
+                        dst,
+                        src_port,
+                        payload: payload.to_vec(),
+                    };
+                    self.observe(false, now, &d);
+                }
+            }
             match source {
                 Source::Udp(from) => {
-                    if self.observed() {
-                        let d = Datagram {
-                            src: from.ip(),
-                            dst,
-                            src_port: from.port(),
-                            payload: payload.to_vec(),
-                        };
-                        self.observe(false, now, &d);
-                    }
                     self.nic
                         .handle_udp(now, from.ip(), dst, from.port(), payload);
                 }
-                Source::Frame(frame) => {
-                    if self.observed() {
-                        if let Ok(f) = rnic_wire::encap::Frame::parse(LinkType::RawIp, frame) {
-                            let d = Datagram {
-                                src: f.ip.src_addr(),
-                                dst: f.ip.dst_addr(),
-                                src_port: f.udp.src_port,
-                                payload: payload.to_vec(),
-                            };
-                            self.observe(false, now, &d);
-                        }
-                    }
-                    self.nic.handle_frame(now, LinkType::RawIp, frame);
-                }
+                Source::Frame(frame) => self.nic.handle_frame(now, LinkType::RawIp, frame),
             }
         }
         self.pump(socket);
@@ -738,8 +734,9 @@ fn run(sh: &Shared, realtime: bool) {
         None
     };
     while !sh.stop.load(Ordering::Acquire) {
+        let now = sh.clock();
         if let Some(f) = follow.as_mut() {
-            if let Some(m) = f.decide(sh.clock(), sh.last_active(), sh.active_cpu()) {
+            if let Some(m) = f.decide(now, sh.last_active(), sh.active_cpu()) {
                 f.apply(m);
             }
         }
@@ -747,13 +744,9 @@ fn run(sh: &Shared, realtime: bool) {
         watch.pollers_took(p - polled);
         polled = p;
         if sh.sleeper.swap(false, Ordering::SeqCst) {
-            watch.stay(sh.clock());
+            watch.stay(now);
         }
-        if watch.away(
-            sh.clock(),
-            sh.last_active(),
-            sh.away_max.load(Ordering::Relaxed),
-        ) {
+        if watch.away(now, sh.last_active(), sh.away_max.load(Ordering::Relaxed)) {
             leave_to_pollers(sh, &mut watch);
             continue;
         }

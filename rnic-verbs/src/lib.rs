@@ -1596,22 +1596,17 @@ mod tests {
         let cores: Vec<usize> = (0..CpuSet::MAX_CPU)
             .filter(|&c| allowed.is_set(c))
             .collect();
-        let only = |c: usize| {
-            let mut s = CpuSet::new();
-            s.set(c);
-            s
-        };
         // Last core first, so the first move is away from where the engine
         // thread most likely started.
         for &core in cores.iter().rev().take(2) {
             let followed = std::thread::scope(|s| {
                 s.spawn(|| {
-                    sched_setaffinity(None, &only(core)).unwrap();
+                    sched_setaffinity(None, &sched::one_core(core)).unwrap();
                     let limit = Duration::from_millis(if realtime { 5000 } else { 100 });
                     let t = std::time::Instant::now();
                     while t.elapsed() < limit {
                         assert!(cq.try_next().is_none());
-                        if d.engine.engine_cpus() == only(core) {
+                        if d.engine.engine_cpus() == sched::one_core(core) {
                             return true;
                         }
                     }

@@ -104,6 +104,13 @@ pub(crate) fn current_cpu() -> Option<usize> {
     usize::try_from(unsafe { libc::sched_getcpu() }).ok()
 }
 
+/// The set of core `c` alone.
+pub(crate) fn one_core(c: usize) -> CpuSet {
+    let mut one = CpuSet::new();
+    one.set(c);
+    one
+}
+
 /// Whether thread `tid` runs in the real-time class.
 #[cfg(test)]
 pub(crate) fn is_realtime(tid: i32) -> bool {
@@ -174,11 +181,7 @@ impl Follow {
     /// Make the move on the calling thread (the engine thread).
     pub fn apply(&self, m: Move) {
         let set = match m {
-            Move::To(c) => {
-                let mut one = CpuSet::new();
-                one.set(c);
-                one
-            }
+            Move::To(c) => one_core(c),
             Move::Free => self.allowed,
         };
         if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
