@@ -4,7 +4,7 @@
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{gather, Ctx, Qp, ACK_EVERY, MAX_INFLIGHT_PKTS};
+use crate::rc::{gather, Ctx, Qp, ACK_EVERY};
 use crate::srq::AsyncEvent;
 use crate::time::local_ack_timeout;
 use crate::wr::{SendOp, WcStatus};
@@ -25,7 +25,7 @@ impl Qp {
         }
         while self.next_wqe < self.sq.len() {
             let outstanding = self.first_psn_of_next().forward_from(self.una);
-            if outstanding >= self.window.min(MAX_INFLIGHT_PKTS) {
+            if outstanding >= self.window {
                 break;
             }
             let w = &self.sq[self.next_wqe];
@@ -212,8 +212,7 @@ impl Qp {
                 // fills the window asks too: nothing more goes out until
                 // an ACK comes (a window shrunk by a timeout is smaller
                 // than ACK_EVERY).
-                let fills_window =
-                    psn.next().forward_from(self.una) >= self.window.min(MAX_INFLIGHT_PKTS);
+                let fills_window = psn.next().forward_from(self.una) >= self.window;
                 ib.bth.ack_req =
                     (last || (k + 1) % ACK_EVERY == 0 || fills_window) && !self.is_uc();
                 ib.payload_len = payload.len();

@@ -354,16 +354,8 @@ fn a_timeout_resends_a_small_window_and_acks_open_it_again() {
     p.write_a(0, &data);
     // The responder's ACKs of the first pass are lost.
     p.c.net.partition(b, a);
-    let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, data.len() as u32),
-    );
+    let sg = p.sge_a(0, data.len() as u32);
+    p.post_write_to_b(1, B_IOVA, sg);
     // Past the first pass, before the ACK timeout (1.05 ms).
     let until = p.c.now + Duration::from_micros(500);
     p.c.run(until, 1_000_000);
@@ -372,26 +364,20 @@ fn a_timeout_resends_a_small_window_and_acks_open_it_again() {
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
     assert_eq!(p.read(1, 0, data.len()), data);
     let seen = wire(&p);
-    let first_pass = seen.iter().filter(|s| s.src == a).take(200).count();
-    assert_eq!(first_pass, 200);
-    // After the first pass: the bursts from A between answers from B.
-    let mut bursts = vec![];
-    let mut run = 0;
-    let after: Vec<_> = {
-        let start = seen
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.src == a)
-            .nth(200)
-            .map(|(i, _)| i)
-            .unwrap();
-        seen[start..].to_vec()
-    };
+    // The first pass: 200 packets from A, in PSN order.
+    let from_a: Vec<usize> = (0..seen.len()).filter(|&i| seen[i].src == a).collect();
+    let first_pass: Vec<u32> = from_a[..200].iter().map(|&i| seen[i].psn).collect();
+    let in_order: Vec<u32> = (0..200).map(|k| psn(A_PSN).add(k).value()).collect();
+    assert_eq!(first_pass, in_order);
+    // After it: the bursts from A between answers from B.
+    let after = &seen[from_a[200]..];
     assert_eq!(
         after[0].psn, A_PSN,
         "the retransmission starts at the first PSN"
     );
-    for s in &after {
+    let mut bursts = vec![];
+    let mut run = 0;
+    for s in after {
         if s.src == a {
             run += 1;
         } else if run > 0 {
