@@ -30,22 +30,14 @@ use common::*;
 /// The inputs' device and its region (each input makes a QP of its own, and
 /// a peer for it, and breaks what it can), and the good pair's.
 struct World {
-    ctx: *mut sys::ibv_context,
-    pd: *mut sys::ibv_pd,
-    cq: *mut sys::ibv_cq,
-    mr: *mut sys::ibv_mr,
-    buf: *mut u8,
-    gid: sys::ibv_gid,
+    dev: Dev,
     good: Good,
 }
 
 /// A device at another address, its region, and a connected QP (`qp`, its
 /// peer beside it) that the inputs cannot reach.
 struct Good {
-    ctx: *mut sys::ibv_context,
-    cq: *mut sys::ibv_cq,
-    mr: *mut sys::ibv_mr,
-    buf: *mut u8,
+    dev: Dev,
     qp: *mut sys::ibv_qp,
 }
 // SAFETY: the fuzzer runs inputs on one thread; the objects are rnic's,
@@ -88,7 +80,7 @@ const HOW: Connect = Connect {
 
 unsafe fn qp(w: &World, caps: sys::ibv_qp_cap, qp_type: u32) -> *mut sys::ibv_qp {
     // SAFETY: the harness's own objects.
-    unsafe { create_qp(w.pd, w.cq, caps, qp_type) }
+    unsafe { create_qp(w.dev.pd, w.dev.cq, caps, qp_type) }
 }
 
 fn world() -> &'static World {
@@ -119,17 +111,9 @@ fn world() -> &'static World {
                     && connect(h, (*g).qp_num, good_dev.gid, HOW)
             );
             World {
-                ctx: d.ctx,
-                pd: d.pd,
-                cq: d.cq,
-                mr: d.mr,
-                buf: d.buf,
-                gid: d.gid,
+                dev: d,
                 good: Good {
-                    ctx: good_dev.ctx,
-                    cq: good_dev.cq,
-                    mr: good_dev.mr,
-                    buf: good_dev.buf,
+                    dev: good_dev,
                     qp: g,
                 },
             }
@@ -181,10 +165,10 @@ unsafe fn drain(w: &World) {
     // SAFETY: plain data; the CQ's ops from the context, as verbs.h's inline
     // ibv_poll_cq calls them.
     unsafe {
-        let poll = (*w.ctx).ops.poll_cq.unwrap();
+        let poll = (*w.dev.ctx).ops.poll_cq.unwrap();
         let mut wc: [sys::ibv_wc; 16] = std::mem::zeroed();
         for _ in 0..1000 {
-            let n = poll(w.cq, 16, wc.as_mut_ptr());
+            let n = poll(w.dev.cq, 16, wc.as_mut_ptr());
             assert!(n >= 0, "ibv_poll_cq failed: {n}");
             for c in &wc[..n as usize] {
                 assert!(
@@ -204,17 +188,17 @@ unsafe fn drain(w: &World) {
 unsafe fn still_works(w: &Good, round: u64) {
     // SAFETY: the harness's objects and buffer.
     unsafe {
-        let post = (*w.ctx).ops.post_send.unwrap();
-        let poll = (*w.ctx).ops.poll_cq.unwrap();
-        let src = w.buf.add(BUF - 128);
-        let dst = w.buf.add(BUF - 64);
+        let post = (*w.dev.ctx).ops.post_send.unwrap();
+        let poll = (*w.dev.ctx).ops.poll_cq.unwrap();
+        let src = w.dev.buf.add(BUF - 128);
+        let dst = w.dev.buf.add(BUF - 64);
         for i in 0..64 {
             *src.add(i) = round as u8 ^ i as u8;
         }
         let mut sge = sys::ibv_sge {
             addr: src as u64,
             length: 64,
-            lkey: (*w.mr).lkey,
+            lkey: (*w.dev.mr).lkey,
         };
         let mut wr: sys::ibv_send_wr = std::mem::zeroed();
         wr.wr_id = u64::MAX - round;
@@ -223,7 +207,7 @@ unsafe fn still_works(w: &Good, round: u64) {
         wr.opcode = sys::IBV_WR_RDMA_WRITE;
         wr.send_flags = sys::IBV_SEND_SIGNALED;
         wr.wr.rdma.remote_addr = dst as u64;
-        wr.wr.rdma.rkey = (*w.mr).rkey;
+        wr.wr.rdma.rkey = (*w.dev.mr).rkey;
         let mut bad = null_mut();
         assert_eq!(
             post(w.qp, &mut wr, &mut bad),
@@ -232,7 +216,7 @@ unsafe fn still_works(w: &Good, round: u64) {
         );
         let mut wc: sys::ibv_wc = std::mem::zeroed();
         for _ in 0..2_000_000 {
-            if poll(w.cq, 1, &mut wc) == 1 && wc.wr_id == u64::MAX - round {
+            if poll(w.dev.cq, 1, &mut wc) == 1 && wc.wr_id == u64::MAX - round {
                 assert_eq!(wc.status, sys::IBV_WC_SUCCESS);
                 for i in 0..64 {
                     assert_eq!(*dst.add(i), round as u8 ^ i as u8);
@@ -280,11 +264,11 @@ fuzz_target!(|data: &[u8]| {
         let peer = qp(w, rc, sys::IBV_QPT_RC);
         assert!(!peer.is_null());
         if input.u8() & 1 == 1 {
-            connect(victim, (*peer).qp_num, w.gid, HOW);
-            connect(peer, (*victim).qp_num, w.gid, HOW);
+            connect(victim, (*peer).qp_num, w.dev.gid, HOW);
+            connect(peer, (*victim).qp_num, w.dev.gid, HOW);
         }
-        let post_send = (*w.ctx).ops.post_send.unwrap();
-        let post_recv = (*w.ctx).ops.post_recv.unwrap();
+        let post_send = (*w.dev.ctx).ops.post_send.unwrap();
+        let post_recv = (*w.dev.ctx).ops.post_recv.unwrap();
         let mut sges: [sys::ibv_sge; 8] = std::mem::zeroed();
         let mut rounds = 0;
         while !input.done() && rounds < 16 {
@@ -297,10 +281,10 @@ fuzz_target!(|data: &[u8]| {
                     let n = usize::from(input.u8() % 9);
                     for s in sges.iter_mut().take(n) {
                         let off = u64::from(input.u32()) % BUF as u64;
-                        s.addr = w.buf as u64 + off;
+                        s.addr = w.dev.buf as u64 + off;
                         s.length = input.u32() % (BUF as u32 - off as u32 + 1);
                         s.lkey = if input.u8() & 1 == 0 {
-                            (*w.mr).lkey
+                            (*w.dev.mr).lkey
                         } else {
                             input.u32()
                         };
@@ -335,7 +319,7 @@ fuzz_target!(|data: &[u8]| {
                         s.addr = input.u64();
                         s.length = input.u32();
                         s.lkey = if input.u8() & 1 == 0 {
-                            (*w.mr).lkey
+                            (*w.dev.mr).lkey
                         } else {
                             input.u32()
                         };
