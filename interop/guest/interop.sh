@@ -59,7 +59,7 @@ run() { # NAME ARGS...
 client() {
     for _ in $(seq 90); do
         attempt "$@"
-        [ "$rc" != 0 ] && grep -qE "connect to|socket connection" "$out/$1.rxe.txt" || break
+        [ "$rc" != 0 ] && grep -qiE "connect to|socket connection|connection refused" "$out/$1.rxe.txt" || break
         sleep 1
     done
     record "$1"
