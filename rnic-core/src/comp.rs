@@ -25,6 +25,16 @@ impl Qp {
             ctx.counters.ghost_or_duplicate_response += 1;
             return;
         }
+        // The responder is answering: whatever this packet completes, the
+        // local ACK timer restarts (as rdma_rxe's completer re-arms it for
+        // every response). A responder slower than its requester still
+        // drains the responses it owed before a lost one when it is asked
+        // again; a timeout in the middle of that would spend a retry while
+        // answers arrive, one per timeout, until RETRY_EXC_ERR. The retry
+        // budget itself is refilled only by progress.
+        if self.ack_deadline.is_some() {
+            self.arm_ack_timer(ctx);
+        }
         match pkt.info().operation {
             Operation::Acknowledge => {
                 let Some(a) = pkt.aeth() else { return };

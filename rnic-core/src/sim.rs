@@ -194,7 +194,17 @@ pub struct Network {
     trace: Option<Vec<TraceEvent>>,
     capture: Option<PcapWriter<Vec<u8>>>,
     rules: Vec<DropRule>,
+    bottlenecks: HashMap<(IpAddr, IpAddr), Bottleneck>,
     stats: NetStats,
+}
+
+/// A link of limited bandwidth: datagrams leave one after another, each
+/// after the one before it has been serialized, so a burst queues.
+#[derive(Debug, Clone, Copy)]
+struct Bottleneck {
+    bytes_per_second: u64,
+    /// When the link has finished sending what it was given so far.
+    free_at: Time,
 }
 
 /// The frame a datagram travels in on a wire: Ethernet, IPv4 or IPv6 as an
@@ -257,6 +267,7 @@ impl Network {
             trace: None,
             capture: None,
             rules: Vec::new(),
+            bottlenecks: HashMap::new(),
             stats: NetStats::default(),
         }
     }
@@ -297,6 +308,37 @@ impl Network {
     /// Set the link from `src` to `dst` (one direction).
     pub fn set_link(&mut self, src: IpAddr, dst: IpAddr, cfg: LinkConfig) {
         self.links.insert((src, dst), cfg);
+    }
+
+    /// Limit the link from `src` to `dst` (one direction) to
+    /// `bytes_per_second` of UDP payload: a datagram leaves when the ones
+    /// before it have been serialized, then takes the link's delay. A peer
+    /// slower than its requester, a backlog that drains for longer than a
+    /// timer, is modelled so. 0 removes the limit.
+    pub fn set_bandwidth(&mut self, src: IpAddr, dst: IpAddr, bytes_per_second: u64) {
+        if bytes_per_second == 0 {
+            self.bottlenecks.remove(&(src, dst));
+        } else {
+            self.bottlenecks.insert(
+                (src, dst),
+                Bottleneck {
+                    bytes_per_second,
+                    free_at: Time::ZERO,
+                },
+            );
+        }
+    }
+
+    /// When a datagram of `len` bytes handed to the link `src` to `dst` at
+    /// `now` has left it.
+    fn departure(&mut self, now: Time, src: IpAddr, dst: IpAddr, len: usize) -> Time {
+        let Some(b) = self.bottlenecks.get_mut(&(src, dst)) else {
+            return now;
+        };
+        let nanos = (len as u128 * 1_000_000_000).div_ceil(u128::from(b.bytes_per_second));
+        let serialize = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        b.free_at = b.free_at.max(now) + serialize;
+        b.free_at
     }
 
     /// Cut both directions between `a` and `b`: datagrams sent from now on are
@@ -341,7 +383,9 @@ impl Network {
             0 => 0,
             j => self.rng.below(j + 1),
         };
-        let at = now + cfg.delay + Duration::from_nanos(jitter);
+        let at = self.departure(now, d.src, d.dst, d.payload.len())
+            + cfg.delay
+            + Duration::from_nanos(jitter);
         self.seq += 1;
         self.in_flight.push(Reverse((at, self.seq)));
         self.datagrams.insert(self.seq, d);
@@ -618,6 +662,43 @@ mod tests {
         assert!(net.trace()[1]
             .to_string()
             .contains("RC_SEND_ONLY qp=0x000011 psn=0x000000 LOST (partition)"));
+    }
+
+    #[test]
+    fn a_bandwidth_limit_queues_a_burst() {
+        let mut net = Network::new(11, LinkConfig::perfect(Duration::from_micros(5)));
+        // A packet() carries 8 + 12 (BTH) + 4 (ICRC) = 24 bytes: 24 us each at 1 MB/s.
+        let len = packet(0).payload.len() as u64;
+        assert_eq!(len, 24);
+        net.set_bandwidth(A, B, 1_000_000);
+        for i in 0..3 {
+            net.send(Time(0), packet(i));
+        }
+        let arrivals: Vec<Time> = (0..3)
+            .map(|_| {
+                let t = net.next_arrival().unwrap();
+                net.pop_due(t).unwrap().0
+            })
+            .collect();
+        assert_eq!(arrivals, [Time(29_000), Time(53_000), Time(77_000)]);
+        // An idle link sends at once; the other direction is not limited.
+        net.send(Time(1_000_000), packet(3));
+        assert_eq!(net.next_arrival(), Some(Time(1_029_000)));
+        net.pop_due(Time(1_029_000)).unwrap();
+        net.send(
+            Time(2_000_000),
+            Datagram {
+                src: B,
+                dst: A,
+                ..packet(4)
+            },
+        );
+        assert_eq!(net.next_arrival(), Some(Time(2_005_000)));
+        net.pop_due(Time(2_005_000)).unwrap();
+        // 0 lifts the limit.
+        net.set_bandwidth(A, B, 0);
+        net.send(Time(3_000_000), packet(5));
+        assert_eq!(net.next_arrival(), Some(Time(3_005_000)));
     }
 
     #[test]

@@ -395,3 +395,56 @@ fn a_timeout_resends_a_small_window_and_acks_open_it_again() {
     );
     assert_eq!(bursts.iter().sum::<usize>(), 200);
 }
+
+/// A responder that answers slower than the requester asks (rdma_rxe in an
+/// emulated VM, here a link of 10 MB/s from B) still owes the responses to
+/// READs asked before a lost one when the requester asks again. Those
+/// answers keep arriving for longer than the local ACK timeout: each one
+/// restarts the timer (as rdma_rxe's completer does), so the requester
+/// waits for them instead of spending a retry per timeout until
+/// RETRY_EXC_ERR.
+#[test]
+fn a_slow_responder_draining_its_backlog_is_not_timed_out() {
+    let (mut p, a, b) = pair(37, &Params::default());
+    let len = 64 * 1024;
+    let data: Vec<u8> = (0..len as u32).map(|i| (i * 29 + 3) as u8).collect();
+    p.write_a(0, &data);
+    p.post_write_to_b(1, B_IOVA, p.sge_a(0, len as u32));
+    p.run();
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    let rkey = p.b.mr.rkey;
+    // Sixteen READs of 4 KiB (four responses each): 64 KiB from B, which
+    // takes 33 ms at 2 MB/s, 31 ACK timeouts (1.05 ms each).
+    p.c.net.set_bandwidth(b, a, 2_000_000);
+    let first_read = psn(A_PSN).add(64);
+    p.c.net.drop_rule(DropRule {
+        src: Some(b),
+        opcode: None,
+        psn: Some(first_read.add(1)),
+        times: 1,
+    });
+    for k in 0..16u64 {
+        let op = SendOp::Read {
+            remote_addr: B_IOVA + k * 4096,
+            rkey,
+        };
+        let sg = p.sge_a(128 * 1024 + k * 4096, 4096);
+        p.post(10 + k, op, sg);
+    }
+    p.run();
+    let done = p.completions(0);
+    assert_eq!(done.len(), 16);
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert_eq!(p.read(0, 128 * 1024, len), data);
+    // One go-back-N from the lost response (at most the sixteen READs
+    // again), not one per timeout.
+    let reasked = wire(&p)
+        .iter()
+        .filter(|s| s.src == a && s.opcode == Opcode::RC_RDMA_READ_REQUEST)
+        .count();
+    assert!((17..=32).contains(&reasked), "{reasked} READ requests");
+    assert_eq!(p.c.nics[0].counters().retry_exceeded_err, 0);
+}
