@@ -64,8 +64,13 @@ client() {
     done
     record "$1"
 }
-while read -r name port prog args; do
+while read -r name port prog all; do
     case "$name" in '#'* | '') continue ;; esac
+    # (an argument "rnic:ARG" is for rnic's side only)
+    args=
+    for a in $all; do
+        case "$a" in rnic:*) ;; *) args="$args $a" ;; esac
+    done
     case "$prog" in
     pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $gid" ;;
     ibv_*) cmd="$prog -d rxe0 -g $gid" ;;

@@ -1129,6 +1129,14 @@ impl QueuePair {
         }
     }
 
+    /// Start this QP's send queue at `psn` instead of the random PSN it was
+    /// given (a verbs program chooses `sq_psn` itself): to make a transfer
+    /// cross the 24-bit wrap, say. Before [`QueuePair::endpoint`] is handed
+    /// to the peer and before [`QueuePair::connect`].
+    pub fn set_psn(&mut self, psn: rnic_wire::Psn) {
+        self.sq_psn = psn.value();
+    }
+
     /// Take the QP through INIT, RTR and RTS to `remote`, as ibv_rc_pingpong does.
     pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<()> {
         let qpn = self.qpn;

@@ -104,6 +104,10 @@ enum Command {
         /// a hardware RoCE NIC. Without it, on a loopback address.
         #[arg(long)]
         iface: Option<String>,
+        /// The first PSN this side sends (24 bits; 0x prefix for hex),
+        /// instead of a random one: 0xffff00 makes a run cross the wrap.
+        #[arg(long, value_parser = parse_psn)]
+        psn: Option<rnic_wire::Psn>,
     },
     /// Run an unmodified verbs program (ibv_rc_pingpong, ib_write_bw, your
     /// own) on rnic: its libibverbs.so.1 is rnic's drop-in library.
@@ -225,6 +229,7 @@ fn main() -> ExitCode {
             iters,
             mtu,
             iface,
+            psn,
         } => {
             let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
                 eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
@@ -237,6 +242,7 @@ fn main() -> ExitCode {
                 iters,
                 mtu,
                 iface,
+                psn,
             };
             match pingpong::run(&o) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -354,5 +360,28 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+/// A PSN on the command line: decimal, or hexadecimal after 0x; 24 bits.
+fn parse_psn(s: &str) -> Result<rnic_wire::Psn, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
+    }
+    .map_err(|e| format!("{s:?} is not a number: {e}"))?;
+    rnic_wire::Psn::try_new(v).ok_or_else(|| format!("{s} does not fit in 24 bits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_psn;
+
+    #[test]
+    fn psns_on_the_command_line() {
+        assert_eq!(parse_psn("0xffff00").unwrap().value(), 0xFF_FF00);
+        assert_eq!(parse_psn("16777215").unwrap().value(), 0xFF_FFFF);
+        assert!(parse_psn("0x1000000").unwrap_err().contains("24 bits"));
+        assert!(parse_psn("wrap").is_err());
     }
 }

@@ -23,6 +23,8 @@ pub struct Options {
     pub mtu: Mtu,
     /// The network interface of the frame transport, if not loopback.
     pub iface: Option<String>,
+    /// The first PSN this side sends, if not a random one.
+    pub psn: Option<rnic_wire::Psn>,
 }
 
 const T: Duration = Duration::from_secs(30);
@@ -44,7 +46,10 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
     let size = o.size.max(1);
     let mr = pd.register(2 * size as usize, Access::LOCAL_WRITE)?;
     let cq = dev.create_cq(4096)?;
-    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default())?;
+    let mut qp = pd.create_rc_qp(&cq, &cq, QpCaps::default())?;
+    if let Some(psn) = o.psn {
+        qp.set_psn(psn);
+    }
     let mine = qp.endpoint();
     println!(
         "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
@@ -92,17 +97,23 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
         })
     };
     let start = Instant::now();
-    let (mut sent, mut received) = (0u64, 0u64);
+    // Sends posted and completed, and messages received. Like
+    // ibv_rc_pingpong, a side is done when its last SEND has completed
+    // (the peer acknowledged it) as well as its last receive: leaving
+    // before would leave the peer retransmitting to a closed NIC.
+    let (mut sent, mut acked, mut received) = (0u64, 0u64, 0u64);
     if o.server.is_some() {
         send(sent)?;
         sent += 1;
     }
-    while sent < o.iters || received < o.iters {
+    while acked < o.iters || received < o.iters {
         let c = cq.wait(T)?;
         if c.status != WcStatus::Success {
             return Err(format!("completion {} failed: {}", c.wr_id, c.status).into());
         }
-        if c.opcode == WcOpcode::Recv {
+        if c.opcode == WcOpcode::Send {
+            acked += 1;
+        } else if c.opcode == WcOpcode::Recv {
             received += 1;
             if posted_recvs < o.iters {
                 recv(posted_recvs)?;

@@ -114,3 +114,96 @@ fn killed_peer_ends_in_retry_exceeded_within_the_bound() {
     );
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
 }
+
+#[test]
+fn the_server_leaves_only_after_its_last_send_is_acknowledged() {
+    use rnic_verbs::*;
+
+    // The client is this test, through the library. It has no receive
+    // posted for the server's last reply, so its responder answers that
+    // SEND with RNR NAKs (and the server, rnr_retry 7, retries for ever):
+    // the server has received every message and posted every reply, but
+    // must not leave until the reply is acknowledged. Gone, it would leave
+    // its peer retransmitting to a closed NIC.
+    let port: u16 = 30_000 + (std::process::id() % 10_000) as u16;
+    let mut server = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["pingpong", "-p", &port.to_string(), "-n", "2", "-s", "64"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let dev = Device::open_loopback().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let mr = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+        let cq = dev.create_cq(64).unwrap();
+        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        let recv = |id| {
+            qp.post_recv(RecvWr {
+                wr_id: id,
+                sg_list: sg_list![mr.sge(64, 64)],
+            })
+            .unwrap();
+        };
+        let send = |id| {
+            qp.post_send(SendWr {
+                wr_id: id,
+                op: SendOp::Send { imm: None },
+                sg_list: sg_list![mr.sge(0, 64)],
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            })
+            .unwrap();
+        };
+        let wait = |opcode| {
+            let c = cq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!((c.opcode, c.status), (opcode, WcStatus::Success));
+        };
+        let remote = rendezvous::connect_pingpong(
+            "127.0.0.1",
+            port,
+            &qp.endpoint(),
+            Duration::from_secs(20),
+        )
+        .expect("the exchange with the server");
+        qp.connect(&remote, &ConnectOptions::default()).unwrap();
+        recv(100);
+        send(1);
+        // Our SEND's completion and the reply, in either order.
+        let mut two: Vec<_> = (0..2)
+            .map(|_| cq.wait(Duration::from_secs(10)).unwrap())
+            .map(|c| (c.status, c.opcode == WcOpcode::Send))
+            .collect();
+        two.sort_by_key(|&(_, is_send)| is_send);
+        assert_eq!(two, [(WcStatus::Success, false), (WcStatus::Success, true)]);
+        send(2);
+        wait(WcOpcode::Send);
+        // The server has had our last message; its reply meets no receive.
+        std::thread::sleep(Duration::from_millis(500));
+        let early = server.try_wait().unwrap();
+        assert!(
+            early.is_none(),
+            "the server left before its last SEND was acknowledged: {early:?}"
+        );
+        recv(101);
+        wait(WcOpcode::Recv);
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = server.kill();
+    let out = server.wait_with_output().unwrap();
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e);
+    }
+    assert!(
+        out.status.success(),
+        "server: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 iters in"));
+}
