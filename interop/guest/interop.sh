@@ -73,6 +73,7 @@ while read -r name port prog all; do
     done
     case "$prog" in
     pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $gid" ;;
+    wire-checks) cmd="/mnt/host/wire-checks -d rxe0 -g $gid" ;;
     ibv_*) cmd="$prog -d rxe0 -g $gid" ;;
     *) cmd="$prog -d rxe0 -x $gid" ;;
     esac
