@@ -170,6 +170,19 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq, int ms)
 	}
 }
 
+/* Post a SEND and wait for its completion; *ms is how long that took. */
+static struct ibv_wc timed_send(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr, double *ms)
+{
+	struct ibv_send_wr *bad;
+	wr->opcode = IBV_WR_SEND;
+	double t0 = now_ms();
+	if (ibv_post_send(qp, wr, &bad))
+		fail("post_send");
+	struct ibv_wc wc = wait_wc(cq, 30000);
+	*ms = now_ms() - t0;
+	return wc;
+}
+
 static enum ibv_qp_state qp_state(struct ibv_qp *qp)
 {
 	struct ibv_qp_attr a;
@@ -339,7 +352,7 @@ int main(int argc, char **argv)
 	}
 
 	/* The client: the requester. */
-	double t0, ms;
+	double ms;
 	struct ibv_wc wc;
 	switch (is) {
 	case 6:
@@ -384,12 +397,7 @@ int main(int argc, char **argv)
 		break;
 	case 3:
 	case 4:
-		swr.opcode = IBV_WR_SEND;
-		t0 = now_ms();
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
-		ms = now_ms() - t0;
+		wc = timed_send(qp, cq, &swr, &ms);
 		if (is == 3 && wc.status != IBV_WC_SUCCESS)
 			fail("the SEND completed with %s after %.1f ms", ibv_wc_status_str(wc.status), ms);
 		if (is == 4 && wc.status != IBV_WC_RNR_RETRY_EXC_ERR)
@@ -407,12 +415,7 @@ int main(int argc, char **argv)
 		if (get_line(fd, line, sizeof line, 30000))
 			fail("the server said %s instead of leaving", line);
 		usleep(100 * 1000);
-		swr.opcode = IBV_WR_SEND;
-		t0 = now_ms();
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
-		ms = now_ms() - t0;
+		wc = timed_send(qp, cq, &swr, &ms);
 		if (wc.status != IBV_WC_RETRY_EXC_ERR)
 			fail("the SEND completed with %s, not IBV_WC_RETRY_EXC_ERR",
 			     ibv_wc_status_str(wc.status));

@@ -91,17 +91,8 @@ fn killed_peer_ends_in_retry_exceeded_within_the_bound() {
     qp.connect(&remote, &ConnectOptions::default()).unwrap();
     server.kill().unwrap();
     let _ = server.wait();
-    let send = SendWr {
-        wr_id: 1,
-        op: SendOp::Send { imm: None },
-        sg_list: sg_list![mr.sge(0, 64)],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
     let posted = Instant::now();
-    qp.post_send(send).unwrap();
+    qp.post_send(send_64(&mr, 1)).unwrap();
     let c = cq
         .wait(Duration::from_secs(10))
         .expect("a completion, not silence");
@@ -145,18 +136,7 @@ fn the_server_leaves_only_after_its_last_send_is_acknowledged() {
             })
             .unwrap();
         };
-        let send = |id| {
-            qp.post_send(SendWr {
-                wr_id: id,
-                op: SendOp::Send { imm: None },
-                sg_list: sg_list![mr.sge(0, 64)],
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            })
-            .unwrap();
-        };
+        let send = |id| qp.post_send(send_64(&mr, id)).unwrap();
         let wait = |opcode| {
             let c = cq.wait(Duration::from_secs(10)).unwrap();
             assert_eq!((c.opcode, c.status), (opcode, WcStatus::Success));
@@ -206,4 +186,18 @@ fn the_server_leaves_only_after_its_last_send_is_acknowledged() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 iters in"));
+}
+
+/// A signaled SEND of the first 64 bytes of `mr`.
+fn send_64(mr: &rnic_verbs::MemoryRegion, wr_id: u64) -> rnic_verbs::SendWr {
+    use rnic_verbs::*;
+    SendWr {
+        wr_id,
+        op: SendOp::Send { imm: None },
+        sg_list: sg_list![mr.sge(0, 64)],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    }
 }
