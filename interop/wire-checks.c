@@ -3,12 +3,21 @@
  * as the client (the requester) on the other, so that each RoCE
  * implementation meets the other's.
  *
- *   wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] TEST [SERVER]
+ *   wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] TEST [SERVER]
  *
+ *   sizes      messages from 1 byte to 1 MiB (sizes around every power of
+ *              two and the path MTU), each as a WRITE with immediate, a
+ *              SEND and a READ, every byte checked where it lands, and the
+ *              byte after it untouched; -m sets the path MTU (1024);
  *   zero       messages of no bytes: a SEND, a WRITE with immediate data and
  *              a READ, each with no scatter/gather entry: the server's
  *              receives complete with byte_len 0 (and the immediate), its
  *              memory unchanged, and the client's requests succeed;
+ *   mw         a type 2 memory window the server binds over 256 bytes of its
+ *              region: the client WRITEs through the window's R_Key, then
+ *              invalidates it with SEND_WITH_INV (the server's receive says
+ *              which key), then WRITEs through it again: IBV_WC_REM_ACCESS_ERR,
+ *              and nothing of that last WRITE in the server's memory;
  *   bad-rkey   a WRITE with an R_Key the server never gave: the server NAKs
  *              it (remote access error) and the client's WRITE completes
  *              with IBV_WC_REM_ACCESS_ERR; the server's memory is unchanged
@@ -43,7 +52,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SIZE 4096
+#define SIZE (4 << 20)
+/* Where the sizes test puts things in a region. */
+#define WRITE_AT 0
+#define RECV_AT (5 << 18)  /* 1.25 MiB */
+#define READ_AT (10 << 18) /* 2.5 MiB */
+#define MAX_MSG (1 << 20)
 #define PATTERN 0x5a
 #define RNR_TIMER 24 /* 40.96 ms (IBTA table 45) */
 #define RNR_TIMER_MS 40.96
@@ -170,6 +184,27 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq, int ms)
 	}
 }
 
+static const int sizes[] = { 1, 2, 3, 7, 8, 63, 64, 255, 256, 257, 1023, 1024, 1025, 2047, 2048,
+			     2049, 4095, 4096, 4097, 8191, 8192, 8193, 65535, 65536, 65537,
+			     262143, 262144, 262145, 1048575, 1048576 };
+#define NSIZES (int)(sizeof sizes / sizeof sizes[0])
+
+/* The bytes a message of n bytes carries, and what the server's READ
+ * source holds. */
+static unsigned char msg_byte(int i, int n) { return (i * 31 + n) & 0xff; }
+static unsigned char src_byte(int i) { return (i * 7 + 13) & 0xff; }
+
+/* Check that p holds a message of n bytes and that the byte after it is
+ * still `after`. */
+static void check_msg(const char *what, const unsigned char *p, int n, unsigned char after)
+{
+	for (int i = 0; i < n; i++)
+		if (p[i] != msg_byte(i, n))
+			fail("%s of %d bytes: byte %d is %#x, not %#x", what, n, i, p[i], msg_byte(i, n));
+	if (p[n] != after)
+		fail("%s of %d bytes: the byte after it changed to %#x", what, n, p[n]);
+}
+
 /* Post a SEND and wait for its completion; *ms is how long that took. */
 static struct ibv_wc timed_send(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr, double *ms)
 {
@@ -196,8 +231,19 @@ int main(int argc, char **argv)
 {
 	const char *devname = NULL;
 	int gidx = 0, port = 18650, c;
-	while ((c = getopt(argc, argv, "d:g:p:")) != -1) {
+	enum ibv_mtu mtu = IBV_MTU_1024;
+	while ((c = getopt(argc, argv, "d:g:p:m:")) != -1) {
 		switch (c) {
+		case 'm':
+			switch (atoi(optarg)) {
+			case 256: mtu = IBV_MTU_256; break;
+			case 512: mtu = IBV_MTU_512; break;
+			case 1024: mtu = IBV_MTU_1024; break;
+			case 2048: mtu = IBV_MTU_2048; break;
+			case 4096: mtu = IBV_MTU_4096; break;
+			default: fprintf(stderr, "wire-checks: MTU 256, 512, 1024, 2048 or 4096\n"); return 2;
+			}
+			break;
 		case 'd': devname = optarg; break;
 		case 'g': gidx = atoi(optarg); break;
 		case 'p': port = atoi(optarg); break;
@@ -205,7 +251,7 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "usage: wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] TEST [SERVER]\n");
+		fprintf(stderr, "usage: wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] TEST [SERVER]\n");
 		return 2;
 	}
 	test = argv[optind];
@@ -213,9 +259,9 @@ int main(int argc, char **argv)
 	const char *server = optind + 1 < argc ? argv[optind + 1] : NULL;
 	int client = server != NULL;
 	int is = !strcmp(test, "bad-rkey") ? 1 : !strcmp(test, "bad-va") ? 2 : !strcmp(test, "rnr") ? 3 :
-		 !strcmp(test, "rnr-exc") ? 4 : !strcmp(test, "dead-peer") ? 5 : !strcmp(test, "zero") ? 6 : 0;
+		 !strcmp(test, "rnr-exc") ? 4 : !strcmp(test, "dead-peer") ? 5 : !strcmp(test, "zero") ? 6 : !strcmp(test, "mw") ? 7 : !strcmp(test, "sizes") ? 8 : 0;
 	if (!is)
-		fail("unknown test (zero, bad-rkey, bad-va, rnr, rnr-exc, dead-peer)");
+		fail("unknown test (sizes, zero, mw, bad-rkey, bad-va, rnr, rnr-exc, dead-peer)");
 
 	struct ibv_device **list = ibv_get_device_list(NULL), *dev = NULL;
 	for (int i = 0; list && list[i]; i++)
@@ -230,7 +276,8 @@ int main(int argc, char **argv)
 	unsigned char *buf = aligned_alloc(4096, SIZE);
 	memset(buf, client ? PATTERN : 0x11, SIZE);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, SIZE,
-				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				       IBV_ACCESS_MW_BIND);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
 	if (!pd || !mr || !cq)
 		fail("cannot allocate a PD, region or CQ");
@@ -263,7 +310,7 @@ int main(int argc, char **argv)
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
 		fail("INIT");
 	struct ibv_qp_attr r = {
-		.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = peer.qpn,
+		.qp_state = IBV_QPS_RTR, .path_mtu = mtu, .dest_qp_num = peer.qpn,
 		.rq_psn = peer.psn, .max_dest_rd_atomic = 1, .min_rnr_timer = RNR_TIMER,
 		.ah_attr = { .is_global = 1, .port_num = 1,
 			     .grh = { .dgid = peer.gid, .sgid_index = gidx, .hop_limit = 64 } },
@@ -325,6 +372,73 @@ int main(int argc, char **argv)
 				fail("the empty WRITE with immediate arrived as %s, opcode %d, %u bytes, imm %#x",
 				     ibv_wc_status_str(wc.status), wc.opcode, wc.byte_len, ntohl(wc.imm_data));
 		}
+		if (is == 8) {
+			for (int i = 0; i < MAX_MSG + 1; i++)
+				buf[READ_AT + i] = src_byte(i);
+			for (int k = 0; k < NSIZES; k++) {
+				int n = sizes[k];
+				if (!get_line(fd, line, sizeof line, 60000) || atoi(line) != n)
+					fail("the client asked for something other than size %d", n);
+				struct ibv_recv_wr imm = { .wr_id = 1 }, *bad;
+				struct ibv_sge rs = { .addr = (uintptr_t)buf + RECV_AT, .length = MAX_MSG,
+						      .lkey = mr->lkey };
+				struct ibv_recv_wr snd = { .wr_id = 2, .sg_list = &rs, .num_sge = 1 };
+				if (ibv_post_recv(qp, &imm, &bad) || ibv_post_recv(qp, &snd, &bad))
+					fail("post_recv");
+				if (write(fd, "ready\n", 6) != 6)
+					fail("could not tell the client");
+				for (int j = 0; j < 2; j++) {
+					struct ibv_wc wc = wait_wc(cq, 30000);
+					if (wc.status != IBV_WC_SUCCESS || wc.byte_len != (uint32_t)n)
+						fail("receive %lu for %d bytes: %s, %u bytes", (unsigned long)wc.wr_id,
+						     n, ibv_wc_status_str(wc.status), wc.byte_len);
+					if (wc.wr_id == 1 && (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM ||
+							      ntohl(wc.imm_data) != (uint32_t)n))
+						fail("the WRITE of %d bytes: opcode %d, immediate %u", n, wc.opcode,
+						     ntohl(wc.imm_data));
+				}
+				/* Sizes go up: the byte after this message is one no
+				 * earlier message reached. */
+				check_msg("WRITE", buf + WRITE_AT, n, 0x11);
+				check_msg("SEND", buf + RECV_AT, n, 0x11);
+				if (write(fd, "ok\n", 3) != 3)
+					fail("could not tell the client");
+			}
+			for (int i = 0; i < MAX_MSG + 1; i++)
+				if (buf[READ_AT + i] != src_byte(i))
+					fail("the READ source changed at byte %d", i);
+			printf("wire-checks sizes: server: %d WRITEs with immediate and %d SENDs, 1 B to 1 MiB, every byte right\n",
+			       NSIZES, NSIZES);
+			return 0;
+		}
+		uint32_t window = 0;
+		if (is == 7) {
+			struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+			if (!mw)
+				fail("ibv_alloc_mw: %s", strerror(errno));
+			window = ibv_inc_rkey(mw->rkey);
+			struct ibv_send_wr bind = { .wr_id = 3, .opcode = IBV_WR_BIND_MW,
+				.send_flags = IBV_SEND_SIGNALED,
+				.bind_mw = { .mw = mw, .rkey = window,
+					     .bind_info = { .mr = mr, .addr = (uintptr_t)buf, .length = 256,
+							    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } } };
+			if (ibv_post_send(qp, &bind, &bad_swr))
+				fail("posting the bind: %s", strerror(errno));
+			struct ibv_wc wc = wait_wc(cq, 30000);
+			if (wc.wr_id != 3 || wc.status != IBV_WC_SUCCESS)
+				fail("the bind completed with %s", ibv_wc_status_str(wc.status));
+			if (ibv_post_recv(qp, &rwr, &bad_rwr))
+				fail("post_recv");
+			char w[32];
+			int n = snprintf(w, sizeof w, "%08x\n", window);
+			if (write(fd, w, n) != n)
+				fail("could not send the window's key");
+			wc = wait_wc(cq, 30000);
+			if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV ||
+			    !(wc.wc_flags & IBV_WC_WITH_INV) || wc.invalidated_rkey != window)
+				fail("the SEND_WITH_INV arrived as %s, flags %#x, invalidated %#x (window %#x)",
+				     ibv_wc_status_str(wc.status), wc.wc_flags, wc.invalidated_rkey, window);
+		}
 		if (!get_line(fd, line, sizeof line, 60000))
 			fail("the client left without a word");
 		if (strcmp(line, "done"))
@@ -333,6 +447,17 @@ int main(int argc, char **argv)
 			for (int i = 0; i < SIZE; i++)
 				if (buf[i] != 0x11)
 					fail("byte %d of the region changed to %#x", i, buf[i]);
+		}
+		if (is == 7) {
+			/* The first WRITE's 64 bytes, nothing of the second. */
+			for (int i = 0; i < SIZE; i++)
+				if (buf[i] != (i < 64 ? PATTERN : 0x11))
+					fail("byte %d of the region is %#x", i, buf[i]);
+			if (qp_state(qp) != IBV_QPS_ERR)
+				fail("the QP is in state %d after the access error", qp_state(qp));
+			printf("wire-checks mw: server: window %#x written, invalidated by the SEND, then refused\n",
+			       window);
+			return 0;
 		}
 		if (is == 1 || is == 2) {
 			if (qp_state(qp) != IBV_QPS_ERR)
@@ -355,6 +480,48 @@ int main(int argc, char **argv)
 	double ms;
 	struct ibv_wc wc;
 	switch (is) {
+	case 8:
+		for (int k = 0; k < NSIZES; k++) {
+			int n = sizes[k];
+			for (int i = 0; i < n; i++)
+				buf[i] = msg_byte(i, n);
+			char ask[32];
+			int len = snprintf(ask, sizeof ask, "%d\n", n);
+			if (write(fd, ask, len) != len)
+				fail("could not ask the server");
+			if (!get_line(fd, line, sizeof line, 60000) || strcmp(line, "ready"))
+				fail("the server is not ready for %d bytes", n);
+			struct ibv_sge out = { .addr = (uintptr_t)buf, .length = n, .lkey = mr->lkey };
+			struct ibv_sge in = { .addr = (uintptr_t)buf + READ_AT, .length = n, .lkey = mr->lkey };
+			struct ibv_send_wr rd = { .wr_id = 3, .sg_list = &in, .num_sge = 1,
+				.opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
+				.wr.rdma = { .remote_addr = peer.addr + READ_AT, .rkey = peer.rkey } };
+			struct ibv_send_wr sd = { .wr_id = 2, .sg_list = &out, .num_sge = 1,
+				.opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED, .next = &rd };
+			struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &out, .num_sge = 1,
+				.opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+				.imm_data = htonl(n), .next = &sd,
+				.wr.rdma = { .remote_addr = peer.addr + WRITE_AT, .rkey = peer.rkey } };
+			memset(buf + READ_AT, 0x22, MAX_MSG + 1);
+			if (ibv_post_send(qp, &wr, &bad_swr))
+				fail("post_send");
+			for (int j = 0; j < 3; j++) {
+				wc = wait_wc(cq, 30000);
+				if (wc.status != IBV_WC_SUCCESS)
+					fail("request %lu of %d bytes: %s", (unsigned long)wc.wr_id, n,
+					     ibv_wc_status_str(wc.status));
+			}
+			for (int i = 0; i < n; i++)
+				if (buf[READ_AT + i] != src_byte(i))
+					fail("READ of %d bytes: byte %d is %#x, not %#x", n, i, buf[READ_AT + i],
+					     src_byte(i));
+			if (buf[READ_AT + n] != 0x22)
+				fail("READ of %d bytes: the byte after it changed", n);
+			if (!get_line(fd, line, sizeof line, 60000) || strcmp(line, "ok"))
+				fail("the server found the %d-byte messages wrong", n);
+		}
+		printf("wire-checks sizes: client: %d READs, 1 B to 1 MiB, every byte right\n", NSIZES);
+		return 0;
 	case 6:
 		if (!get_line(fd, line, sizeof line, 30000) || strcmp(line, "go"))
 			fail("the server did not post its receives");
@@ -382,6 +549,37 @@ int main(int argc, char **argv)
 				fail("byte %d of the client's region changed to %#x", i, buf[i]);
 		printf("wire-checks zero: client: SEND, WRITE with immediate and READ of 0 bytes completed\n");
 		break;
+	case 7: {
+		uint32_t window;
+		if (!get_line(fd, line, sizeof line, 30000) || sscanf(line, "%x", &window) != 1)
+			fail("no window key from the server");
+		swr.opcode = IBV_WR_RDMA_WRITE;
+		swr.wr.rdma.rkey = window;
+		swr.wr.rdma.remote_addr = peer.addr;
+		if (ibv_post_send(qp, &swr, &bad_swr))
+			fail("post_send");
+		wc = wait_wc(cq, 30000);
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("the WRITE through the window completed with %s", ibv_wc_status_str(wc.status));
+		swr.opcode = IBV_WR_SEND_WITH_INV;
+		swr.invalidate_rkey = window;
+		if (ibv_post_send(qp, &swr, &bad_swr))
+			fail("post_send");
+		wc = wait_wc(cq, 30000);
+		if (wc.status != IBV_WC_SUCCESS)
+			fail("the SEND_WITH_INV completed with %s", ibv_wc_status_str(wc.status));
+		swr.opcode = IBV_WR_RDMA_WRITE;
+		memset(buf, 0x77, 64);
+		if (ibv_post_send(qp, &swr, &bad_swr))
+			fail("post_send");
+		wc = wait_wc(cq, 30000);
+		if (wc.status != IBV_WC_REM_ACCESS_ERR)
+			fail("the WRITE through the invalidated window completed with %s",
+			     ibv_wc_status_str(wc.status));
+		printf("wire-checks mw: client: WRITE through window %#x, SEND_WITH_INV, then IBV_WC_REM_ACCESS_ERR\n",
+		       window);
+		break;
+	}
 	case 1:
 	case 2:
 		swr.opcode = IBV_WR_RDMA_WRITE;
