@@ -404,6 +404,10 @@ int main(int argc, char **argv)
 				if (write(fd, "ok\n", 3) != 3)
 					fail("could not tell the client");
 			}
+			/* The client's last READ may still be on the wire: stay until it
+			 * says it is done. */
+			if (!get_line(fd, line, sizeof line, 60000) || strcmp(line, "done"))
+				fail("the client left without its last READ");
 			for (int i = 0; i < MAX_MSG + 1; i++)
 				if (buf[READ_AT + i] != src_byte(i))
 					fail("the READ source changed at byte %d", i);
@@ -532,6 +536,8 @@ int main(int argc, char **argv)
 			if (!get_line(fd, line, sizeof line, 60000) || strcmp(line, "ok"))
 				fail("the server found the %d-byte messages wrong", n);
 		}
+		if (write(fd, "done\n", 5) != 5)
+			fail("could not tell the server");
 		printf("wire-checks sizes: client: %d READs, 1 B to 1 MiB, every byte right\n", NSIZES);
 		return 0;
 	case 6:
