@@ -4,13 +4,20 @@
 //! A memory region covers memory the driver hands in (anything implementing
 //! [`Region`]: a `Vec<u8>` in the simulator, mmap'd pages in the driver) at an
 //! I/O virtual address chosen by the application. Its L_Key and R_Key are
-//! `index << 8 | key`, as rdma_rxe makes them: the index finds the entry, and
-//! the 8-bit key, drawn anew from a seeded generator on every registration,
-//! makes a stale or guessed key fail.
+//! `index << 8 | key`, as rdma_rxe makes them, but where rdma_rxe hands out
+//! indices in order, rnic draws the 24-bit index at random (ChaCha20; a
+//! window's has its top bit set), finds the entry through a table, and
+//! does not hand a freed index out again until [`QUARANTINE`](crate::rng::QUARANTINE) more have
+//! been freed; the 8-bit key is random too (a window's belongs to the
+//! consumer once it is bound). A stale or guessed key finds nothing.
 
 use core::fmt;
 
-use crate::rng::Rng;
+use core::hash::BuildHasherDefault;
+use std::collections::HashMap;
+
+use crate::nic::IdHasher;
+use crate::rng::{Ids, SecretRng};
 
 /// Memory access rights, with the values of `ibv_access_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -312,6 +319,9 @@ struct Binding {
 /// Window keys have this bit set in their index; region keys do not.
 const MW_INDEX: usize = 1 << 23;
 
+/// Key indices to slots.
+type Slots = HashMap<u32, usize, BuildHasherDefault<IdHasher>>;
+
 /// A BIND_MW work request's arguments (`ibv_mw_bind_info` and the new R_Key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MwBind {
@@ -352,10 +362,12 @@ impl Span {
 pub struct Memory {
     pds: Vec<Option<u32>>, // per PD: how many MRs, MWs and QPs use it
     mrs: Vec<Option<Mr>>,
-    last_key: Vec<u8>, // per MR index, the key of its last registration
     mws: Vec<Option<Mw>>,
-    last_mw_key: Vec<u8>,
-    rng: Rng,
+    /// The index part of each region's and window's keys, to its slot.
+    mr_slots: Slots,
+    mw_slots: Slots,
+    mr_ids: Ids,
+    mw_ids: Ids,
 }
 
 impl fmt::Debug for Memory {
@@ -368,16 +380,53 @@ impl fmt::Debug for Memory {
 }
 
 impl Memory {
-    /// An empty table; `seed` makes the keys unpredictable to peers yet
-    /// reproducible in simulation.
+    /// An empty table whose keys follow from `seed` (reproducible, for
+    /// tests and simulation).
     pub fn new(seed: u64) -> Memory {
+        Memory::with_secret(SecretRng::from_u64(seed ^ 0x6D65_6D6B_6579_7321))
+    }
+
+    /// An empty table whose keys are drawn from `secret`.
+    pub fn with_secret(mut secret: SecretRng) -> Memory {
+        let windows = secret.split();
+        let top = MW_INDEX as u32;
         Memory {
             pds: Vec::new(),
             mrs: Vec::new(),
-            last_key: Vec::new(),
             mws: Vec::new(),
-            last_mw_key: Vec::new(),
-            rng: Rng::new(seed ^ 0x6D65_6D6B_6579_7321),
+            mr_slots: Slots::default(),
+            mw_slots: Slots::default(),
+            // Index 0 is left out: no key of rnic's is below 0x100.
+            mr_ids: Ids::new(secret, 1, top - 1),
+            mw_ids: Ids::new(windows, top, 2 * top - 1),
+        }
+    }
+
+    /// The slot of the region whose keys have `key`'s index part (or
+    /// `usize::MAX`, which finds nothing).
+    fn mr_slot(&self, key: u32) -> usize {
+        self.mr_slots
+            .get(&(key >> 8))
+            .copied()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// The same for windows.
+    fn mw_slot(&self, key: u32) -> usize {
+        self.mw_slots
+            .get(&(key >> 8))
+            .copied()
+            .unwrap_or(usize::MAX)
+    }
+
+    /// A free slot in `v`, made if need be.
+    fn free_slot<T>(v: &mut Vec<Option<T>>) -> usize {
+        match v.iter().position(Option::is_none) {
+            Some(i) => i,
+            None => {
+                v.push(None);
+                v.len() - 1
+            }
         }
     }
 
@@ -433,19 +482,10 @@ impl Memory {
         access: Access,
     ) -> Result<MrKeys, MemError> {
         self.check_registration(pd, iova, region.as_ref(), access)?;
-        let index = match self.mrs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.mrs.len() < MW_INDEX => {
-                self.mrs.push(None);
-                self.last_key.push(0);
-                self.mrs.len() - 1
-            }
-            None => return Err(MemError::InvalidKey(u32::MAX)),
-        };
-        // A key different from this slot's previous one, so a stale key never
-        // matches the region registered after it.
-        let key = self.last_key[index].wrapping_add(1 + self.rng.below(255) as u8);
-        self.last_key[index] = key;
+        let id = self.mr_ids.draw().ok_or(MemError::InvalidKey(u32::MAX))?;
+        let key = self.mr_ids.next_u64() as u8;
+        let index = Self::free_slot(&mut self.mrs);
+        self.mr_slots.insert(id, index);
         self.mrs[index] = Some(Mr {
             pd,
             iova,
@@ -457,7 +497,7 @@ impl Memory {
         if let Some(Some(n)) = self.pds.get_mut(pd.0 as usize) {
             *n += 1;
         }
-        let k = (index as u32) << 8 | u32::from(key);
+        let k = id << 8 | u32::from(key);
         Ok(MrKeys { lkey: k, rkey: k })
     }
 
@@ -475,7 +515,7 @@ impl Memory {
         access: Option<Access>,
         translation: Option<(u64, Box<dyn Region>)>,
     ) -> Result<Option<Box<dyn Region>>, MemError> {
-        let index = (lkey >> 8) as usize;
+        let index = self.mr_slot(lkey);
         let mr = match self.mrs.get(index) {
             Some(Some(mr)) if mr.key == lkey as u8 => mr,
             _ => return Err(MemError::InvalidKey(lkey)),
@@ -541,7 +581,7 @@ impl Memory {
     /// After this no key of it is valid: operations still in flight that name
     /// it fail their checks, and none can reach the memory.
     pub fn deregister(&mut self, lkey: u32) -> Result<Box<dyn Region>, MemError> {
-        let index = (lkey >> 8) as usize;
+        let index = self.mr_slot(lkey);
         match self.mrs.get(index) {
             Some(Some(mr)) if mr.key == lkey as u8 && mr.windows > 0 => {
                 return Err(MemError::WindowsBound(lkey))
@@ -550,6 +590,8 @@ impl Memory {
             _ => return Err(MemError::InvalidKey(lkey)),
         }
         let mr = self.mrs[index].take().ok_or(MemError::InvalidKey(lkey))?;
+        self.mr_slots.remove(&(lkey >> 8));
+        self.mr_ids.release(lkey >> 8);
         self.pd_release(mr.pd);
         Ok(mr.region)
     }
@@ -564,7 +606,7 @@ impl Memory {
         len: u64,
         needed: Access,
     ) -> Result<Span, MemError> {
-        let index = (key >> 8) as usize;
+        let index = self.mr_slot(key);
         let mr = match self.mrs.get(index) {
             Some(Some(mr)) if mr.key == key as u8 => mr,
             _ => return Err(MemError::InvalidKey(key)),
@@ -647,12 +689,11 @@ impl Memory {
     /// The whole range an R_Key opens, as (start address, length): what a
     /// FLUSH of a whole region covers.
     pub fn extent(&self, key: u32, pd: PdHandle, qpn: u32) -> Result<(u64, u64), MemError> {
-        let index = (key >> 8) as usize;
-        if index & MW_INDEX != 0 {
+        if (key >> 8) as usize & MW_INDEX != 0 {
             let b = self.binding(key, pd, qpn)?;
             return Ok((b.addr, b.len));
         }
-        match self.mrs.get(index) {
+        match self.mrs.get(self.mr_slot(key)) {
             Some(Some(mr)) if mr.key == key as u8 => Ok((mr.iova, mr.region.len() as u64)),
             _ => Err(MemError::InvalidKey(key)),
         }
@@ -667,8 +708,7 @@ impl Memory {
     }
 
     fn binding(&self, key: u32, pd: PdHandle, qpn: u32) -> Result<Binding, MemError> {
-        let index = (key >> 8) as usize & !MW_INDEX;
-        let mw = match self.mws.get(index) {
+        let mw = match self.mws.get(self.mw_slot(key)) {
             Some(Some(mw)) if mw.key == key as u8 => mw,
             _ => return Err(MemError::InvalidKey(key)),
         };
@@ -691,28 +731,21 @@ impl Memory {
     /// Allocate a memory window of type `kind` in `pd`; returns its R_Key,
     /// which opens nothing until a bind.
     pub fn alloc_mw_of(&mut self, pd: PdHandle, kind: MwType) -> Result<u32, MemError> {
-        self.pd_acquire(pd)?;
-        let index = match self.mws.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.mws.len() < MW_INDEX => {
-                self.mws.push(None);
-                self.last_mw_key.push(0);
-                self.mws.len() - 1
-            }
-            None => {
-                self.pd_release(pd);
-                return Err(MemError::InvalidKey(u32::MAX));
-            }
-        };
-        let key = self.last_mw_key[index].wrapping_add(1 + self.rng.below(255) as u8);
-        self.last_mw_key[index] = key;
+        let id = self.mw_ids.draw().ok_or(MemError::InvalidKey(u32::MAX))?;
+        if let Err(e) = self.pd_acquire(pd) {
+            self.mw_ids.release(id);
+            return Err(e);
+        }
+        let key = self.mw_ids.next_u64() as u8;
+        let index = Self::free_slot(&mut self.mws);
+        self.mw_slots.insert(id, index);
         self.mws[index] = Some(Mw {
             pd,
             key,
             kind,
             bound: None,
         });
-        Ok(((index | MW_INDEX) as u32) << 8 | u32::from(key))
+        Ok(id << 8 | u32::from(key))
     }
 
     /// Free a memory window (`ibv_dealloc_mw`); its key stops working at once.
@@ -720,15 +753,16 @@ impl Memory {
     /// checked, so a handle that kept an older key of the window (binds
     /// change it) still frees it.
     pub fn dealloc_mw(&mut self, rkey: u32) -> Result<(), MemError> {
-        let index = (rkey >> 8) as usize;
-        if index & MW_INDEX == 0 {
+        if (rkey >> 8) as usize & MW_INDEX == 0 {
             return Err(MemError::InvalidKey(rkey));
         }
-        let slot = index & !MW_INDEX;
+        let slot = self.mw_slot(rkey);
         if !matches!(self.mws.get(slot), Some(Some(_))) {
             return Err(MemError::InvalidKey(rkey));
         }
         let mw = self.mws[slot].take().ok_or(MemError::InvalidKey(rkey))?;
+        self.mw_slots.remove(&(rkey >> 8));
+        self.mw_ids.release(rkey >> 8);
         self.unbind(&mw);
         self.pd_release(mw.pd);
         Ok(())
@@ -754,7 +788,7 @@ impl Memory {
         if index & MW_INDEX == 0 || (b.new_rkey >> 8) != (key >> 8) {
             return Err(bad("the new R_Key must keep the window's index"));
         }
-        let mw = match self.mws.get(index & !MW_INDEX) {
+        let mw = match self.mws.get(self.mw_slot(key)) {
             Some(Some(mw)) if mw.key == key as u8 => mw,
             _ => return Err(MemError::InvalidKey(key)),
         };
@@ -772,7 +806,7 @@ impl Memory {
         }
         if b.length == 0 {
             // Type 1 closed: it opens nothing, under a new key.
-            self.set_binding(index, b.new_rkey as u8, None);
+            self.set_binding(key, b.new_rkey as u8, None);
             return Ok(b.new_rkey);
         }
         // LOCAL_WRITE means nothing to a window, which only grants remote
@@ -781,7 +815,7 @@ impl Memory {
             return Err(MemError::UnsupportedAccess(b.access.bits()));
         }
         let access = Access(b.access.bits() & Access::WINDOW);
-        let mr_index = (b.mr_lkey >> 8) as usize;
+        let mr_index = self.mr_slot(b.mr_lkey);
         let mr = match self.mrs.get(mr_index) {
             Some(Some(mr)) if mr.key == b.mr_lkey as u8 => mr,
             _ => return Err(MemError::InvalidKey(b.mr_lkey)),
@@ -817,21 +851,20 @@ impl Memory {
             access,
             qpn,
         };
-        self.set_binding(index, b.new_rkey as u8, Some(binding));
+        self.set_binding(key, b.new_rkey as u8, Some(binding));
         Ok(b.new_rkey)
     }
 
-    /// Give window `index` (its key's index part) the key byte `key` and
-    /// binding `bound`, moving the count of windows from the region it was
-    /// bound to, if any, to the new one.
-    fn set_binding(&mut self, index: usize, key: u8, bound: Option<Binding>) {
-        let slot = index & !MW_INDEX;
+    /// Give the window whose keys have `window_key`'s index part the key
+    /// byte `key` and binding `bound`, moving the count of windows from the
+    /// region it was bound to, if any, to the new one.
+    fn set_binding(&mut self, window_key: u32, key: u8, bound: Option<Binding>) {
+        let slot = self.mw_slot(window_key);
         let Some(Some(mw)) = self.mws.get_mut(slot) else {
             return;
         };
         let old = std::mem::replace(&mut mw.bound, bound);
         mw.key = key;
-        self.last_mw_key[slot] = key;
         if let Some(Some(mr)) = old.and_then(|o| self.mrs.get_mut(o.mr)) {
             mr.windows = mr.windows.saturating_sub(1);
         }
@@ -851,14 +884,13 @@ impl Memory {
         pd: PdHandle,
         remote_qpn: Option<u32>,
     ) -> Result<(), MemError> {
-        let index = (rkey >> 8) as usize;
-        if index & MW_INDEX == 0 {
+        if (rkey >> 8) as usize & MW_INDEX == 0 {
             return Err(MemError::BadWindow {
                 key: rkey,
                 reason: "a memory region registered by reg_mr cannot be invalidated",
             });
         }
-        let slot = index & !MW_INDEX;
+        let slot = self.mw_slot(rkey);
         let mw = match self.mws.get(slot) {
             Some(Some(mw)) if mw.key == rkey as u8 => mw,
             _ => return Err(MemError::InvalidKey(rkey)),
@@ -1048,12 +1080,54 @@ mod tests {
         );
         assert!(m.deregister(k.lkey).is_err());
         let k2 = m.register(pd, 0x1000, region, Access::LOCAL_WRITE).unwrap();
-        assert_eq!(k2.lkey >> 8, k.lkey >> 8, "the slot is reused");
-        assert_ne!(k2.lkey, k.lkey, "with a new key");
+        assert_ne!(k2.lkey >> 8, k.lkey >> 8, "a freed index rests");
         assert!(m.check(k.rkey, pd, 0x1000, 1, Access::NONE).is_err());
         m.deregister(k2.lkey).unwrap();
         assert_eq!(m.dealloc_pd(pd), Ok(()));
         assert_eq!(m.dealloc_pd(pd), Err(MemError::NoSuchPd(pd)));
+    }
+
+    #[test]
+    fn key_indices_are_random_and_a_freed_one_rests() {
+        let mut m = Memory::new(12);
+        let pd = m.alloc_pd();
+        let keys: Vec<u32> = (0..200)
+            .map(|_| {
+                m.register(pd, 0, Box::new(vec![0u8; 8]), Access::NONE)
+                    .unwrap()
+                    .rkey
+            })
+            .collect();
+        let index = |k: u32| k >> 8;
+        // Not in order (rdma_rxe's are, stepping by one), and over the
+        // whole 23-bit range of region indices.
+        assert_eq!(
+            keys.windows(2)
+                .filter(|w| index(w[1]) == index(w[0]) + 1)
+                .count(),
+            0
+        );
+        assert!(keys.iter().any(|&k| index(k) < 0x20_0000));
+        assert!(keys.iter().any(|&k| index(k) > 0x60_0000));
+        assert!(keys.iter().all(|&k| index(k) & MW_INDEX as u32 == 0));
+        let w = m.alloc_mw(pd).unwrap();
+        assert_ne!(
+            index(w) & MW_INDEX as u32,
+            0,
+            "a window's index has the top bit"
+        );
+        // A freed index is not handed out again while QUARANTINE others are
+        // registered and freed after it: a stale key keeps failing.
+        let stale = keys[7];
+        m.deregister(stale).unwrap();
+        for _ in 0..crate::rng::QUARANTINE {
+            let k = m
+                .register(pd, 0, Box::new(vec![0u8; 8]), Access::NONE)
+                .unwrap();
+            assert_ne!(index(k.rkey), index(stale));
+            assert!(m.check(stale, pd, 0, 1, Access::NONE).is_err());
+            m.deregister(k.lkey).unwrap();
+        }
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! [`Nic::poll_cq`], [`Nic::next_deadline`]).
 
 use core::fmt;
+use core::hash::{BuildHasherDefault, Hasher};
 use core::net::IpAddr;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use rnic_wire::encap::{Frame, LinkType};
 use rnic_wire::{icrc, IbPacket, Psn};
@@ -15,6 +16,7 @@ use crate::cq::{Cq, CqHandle};
 use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
 use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
 use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe};
+use crate::rng::{Ids, SecretRng};
 use crate::sim::Datagram;
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::time::Time;
@@ -237,7 +239,7 @@ pub struct DeviceAttr {
 
 /// rnic's device attributes.
 pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
-    max_qp: 0x00FF_FFFF - 0x11 + 1,
+    max_qp: QPNS.1 - QPNS.0 + 1,
     max_qp_wr: 32_768,
     max_sge: 32,
     max_cqe: 1 << 20,
@@ -293,40 +295,54 @@ fn pkey_matches(packet: u16, qp: u16) -> bool {
     a != 0 && a == b && (packet | qp) & 0x8000 != 0
 }
 
-/// The first QP number, as on a fresh rdma_rxe device.
-const FIRST_QPN: u32 = 0x11;
+/// The QP numbers handed out: 0 and 1 are the special QPs and 0xFFFFFF
+/// multicast; rdma_rxe starts at 0x11.
+const QPNS: (u32, u32) = (0x11, 0xFF_FFFE);
 
-/// Queue pairs by number: QPNs are handed out in order, so a vector indexed by
-/// `qpn - FIRST_QPN` finds one without hashing.
+/// Queue pairs by number. QP numbers are drawn at random ([`Ids`]), so
+/// they are found through a map; the hash spreads a number's bits over
+/// the whole word (hashbrown reads its top bits).
 #[derive(Default)]
-pub(crate) struct QpTable(Vec<Option<Qp>>);
+pub(crate) struct QpTable(HashMap<u32, Qp, BuildHasherDefault<IdHasher>>);
 
 impl QpTable {
-    fn index(qpn: u32) -> Option<usize> {
-        qpn.checked_sub(FIRST_QPN).map(|i| i as usize)
-    }
     fn get(&self, qpn: u32) -> Option<&Qp> {
-        self.0.get(Self::index(qpn)?)?.as_ref()
+        self.0.get(&qpn)
     }
     fn get_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
-        self.0.get_mut(Self::index(qpn)?)?.as_mut()
+        self.0.get_mut(&qpn)
     }
     fn insert(&mut self, qp: Qp) {
-        if let Some(i) = Self::index(qp.qpn) {
-            if self.0.len() <= i {
-                self.0.resize_with(i + 1, || None);
-            }
-            self.0[i] = Some(qp);
-        }
+        self.0.insert(qp.qpn, qp);
     }
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
-        self.0.get_mut(Self::index(qpn)?)?.take()
+        self.0.remove(&qpn)
     }
     fn iter_mut(&mut self) -> impl Iterator<Item = &mut Qp> {
-        self.0.iter_mut().flatten()
+        self.0.values_mut()
     }
     fn iter(&self) -> impl Iterator<Item = &Qp> {
-        self.0.iter().flatten()
+        self.0.values()
+    }
+}
+
+/// Hashes a 32-bit identifier by one multiplication (Fibonacci hashing):
+/// the identifiers are random already, and the NIC, not the peer, picks
+/// them.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -346,7 +362,7 @@ pub struct Nic {
     cqs: Vec<Cq>,
     qps: QpTable,
     next_cq: u32,
-    next_qpn: u32,
+    qpns: Ids,
     tx: VecDeque<Datagram>,
     /// Packet buffers handed back after sending ([`Nic::recycle`]), reused
     /// for the next packets: a steady flow allocates nothing.
@@ -375,16 +391,25 @@ impl fmt::Debug for Nic {
 }
 
 impl Nic {
-    /// A NIC with IP address `addr` (its RoCE v2 GID); `seed` makes its keys
-    /// unpredictable to peers and reproducible in simulation.
+    /// A NIC with IP address `addr` (its RoCE v2 GID) whose QP numbers and
+    /// keys follow from `seed`: reproducible, for simulation. A NIC on a
+    /// network takes [`Nic::with_secret`] and a seed from the system.
     pub fn new(addr: IpAddr, seed: u64) -> Nic {
+        Nic::with_secret(addr, SecretRng::from_u64(seed))
+    }
+
+    /// A NIC with IP address `addr` whose QP numbers and the index part of
+    /// its keys are drawn from `secret`: seeded from the operating system,
+    /// a peer cannot predict them.
+    pub fn with_secret(addr: IpAddr, mut secret: SecretRng) -> Nic {
+        let mem_secret = secret.split();
         Nic {
             addr,
-            mem: Memory::new(seed),
+            mem: Memory::with_secret(mem_secret),
             cqs: Vec::new(),
             qps: QpTable::default(),
             next_cq: 0,
-            next_qpn: FIRST_QPN,
+            qpns: Ids::new(secret, QPNS.0, QPNS.1),
             tx: VecDeque::new(),
             pool: Vec::with_capacity(POOL),
             counters: Counters::default(),
@@ -760,12 +785,14 @@ impl Nic {
                 return Err(VerbError::NoSuchCq(cq));
             }
         }
-        self.mem.pd_acquire(pd)?;
-        if self.next_qpn > 0xFF_FFFF {
-            return Err(VerbError::Unsupported("more than 2^24 queue pairs"));
+        let qpn = self
+            .qpns
+            .draw()
+            .ok_or(VerbError::Unsupported("every QP number is in use"))?;
+        if let Err(e) = self.mem.pd_acquire(pd) {
+            self.qpns.release(qpn);
+            return Err(e.into());
         }
-        let qpn = self.next_qpn;
-        self.next_qpn += 1;
         self.qps
             .insert(Qp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
         Ok(qpn)
@@ -773,9 +800,11 @@ impl Nic {
 
     /// Destroy a QP (`ibv_destroy_qp`): its work requests are dropped
     /// without completions, as verbs does, and packets for its number find
-    /// nothing from now on (QP numbers are not reused).
+    /// nothing from now on (the number is not handed out again until
+    /// [`QUARANTINE`](crate::rng::QUARANTINE) more QPs have been destroyed).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbError> {
         let qp = self.qps.remove(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        self.qpns.release(qpn);
         self.mem.pd_release(qp.pd);
         // Its unpolled completions go with it: a QP number reused later
         // never finds completions of the QP before it.
@@ -1276,7 +1305,45 @@ impl Nic {
 
 #[cfg(test)]
 mod tests {
-    use super::pkey_matches;
+    use super::{pkey_matches, Nic, QpCaps, QpType, QPNS};
+    use core::net::{IpAddr, Ipv4Addr};
+
+    #[test]
+    fn qp_numbers_are_random_and_a_destroyed_one_rests() {
+        let mut nic = Nic::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 3);
+        let pd = nic.alloc_pd();
+        let cq = nic.create_cq(16);
+        let make = |nic: &mut Nic| {
+            nic.create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
+                .unwrap()
+        };
+        let qpns: Vec<u32> = (0..100).map(|_| make(&mut nic)).collect();
+        // Not 0x11, 0x12, ... as rdma_rxe and every NIC ReDMArk tried.
+        assert_eq!(qpns.windows(2).filter(|w| w[1] == w[0] + 1).count(), 0);
+        assert!(qpns.iter().all(|q| (QPNS.0..=QPNS.1).contains(q)));
+        assert!(qpns.iter().any(|&q| q < 0x40_0000) && qpns.iter().any(|&q| q > 0xC0_0000));
+        for &q in &qpns {
+            assert!(nic.query_qp(q).is_ok());
+        }
+        // A destroyed QP's number finds nothing, and is not handed out again
+        // while QUARANTINE others are created and destroyed after it.
+        let gone = qpns[42];
+        nic.destroy_qp(gone).unwrap();
+        assert!(nic.query_qp(gone).is_err());
+        for _ in 0..crate::rng::QUARANTINE {
+            let q = make(&mut nic);
+            assert_ne!(q, gone);
+            nic.destroy_qp(q).unwrap();
+        }
+        // Two NICs (two seeds) number differently.
+        let mut other = Nic::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 4);
+        let pd2 = other.alloc_pd();
+        let cq2 = other.create_cq(16);
+        let q2 = other
+            .create_qp(pd2, QpType::Rc, cq2, cq2, QpCaps::default())
+            .unwrap();
+        assert_ne!(q2, qpns[0]);
+    }
 
     #[test]
     fn pkey_matching_needs_one_full_member() {

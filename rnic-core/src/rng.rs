@@ -1,5 +1,12 @@
-//! A small seeded random number generator (SplitMix64): the core takes no
-//! randomness from the system, so that a simulation replays from its seed.
+//! Seeded random number generators: the core takes no randomness from the
+//! system, so that a simulation replays from its seed. [`Rng`] (SplitMix64)
+//! drives the simulator; [`SecretRng`] (ChaCha20) draws what a peer must not
+//! guess, and [`Ids`] the QP numbers and key indices from it.
+
+use std::collections::{HashSet, VecDeque};
+
+use chacha20::ChaCha20Rng;
+use rand_core::{Rng as _, SeedableRng};
 
 /// SplitMix64: fast, statistically sound for simulation and key generation, and
 /// fully determined by its seed.
@@ -35,9 +42,187 @@ impl Rng {
     }
 }
 
+/// A cryptographically secure generator (ChaCha20) for identifiers a peer
+/// must not predict: QP numbers and the index part of L_Keys and R_Keys
+/// (ReDMArk, USENIX Security 2021, guessed both on every NIC it tried). The
+/// driver seeds it from the operating system; the simulator from its seed,
+/// to replay.
+pub struct SecretRng(ChaCha20Rng);
+
+impl core::fmt::Debug for SecretRng {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("SecretRng { .. }")
+    }
+}
+
+impl SecretRng {
+    /// From 256 bits of seed.
+    pub fn from_seed(seed: [u8; 32]) -> SecretRng {
+        SecretRng(ChaCha20Rng::from_seed(seed))
+    }
+
+    /// From a 64-bit seed, stretched (for simulation, where replay matters
+    /// and secrecy does not).
+    pub fn from_u64(seed: u64) -> SecretRng {
+        let mut s = Rng::new(seed);
+        let mut bytes = [0u8; 32];
+        for chunk in bytes.chunks_mut(8) {
+            chunk.copy_from_slice(&s.next_u64().to_le_bytes());
+        }
+        SecretRng::from_seed(bytes)
+    }
+
+    /// A new generator whose stream is independent of this one's.
+    pub fn split(&mut self) -> SecretRng {
+        let mut bytes = [0u8; 32];
+        self.0.fill_bytes(&mut bytes);
+        SecretRng::from_seed(bytes)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// A value in `0..n` (`n` > 0), without bias.
+    pub fn below(&mut self, n: u64) -> u64 {
+        let n = n.max(1);
+        // Reject the top partial range (Lemire's method without division
+        // on the fast path would do too; identifiers are drawn rarely).
+        let zone = u64::MAX - u64::MAX % n;
+        loop {
+            let v = self.next_u64();
+            if v < zone {
+                return v % n;
+            }
+        }
+    }
+}
+
+/// How many freed identifiers of one kind stay out of use: a stale packet
+/// for a destroyed QP or a deregistered key finds nothing until this many
+/// more have been freed after it.
+pub const QUARANTINE: usize = 4096;
+
+/// Identifiers (QP numbers, key indices) drawn at random from a range,
+/// never one in use and never one freed recently.
+#[derive(Debug)]
+pub struct Ids {
+    rng: SecretRng,
+    /// The values drawn from: `lo..=hi`.
+    lo: u32,
+    hi: u32,
+    in_use: HashSet<u32>,
+    recent: VecDeque<u32>,
+    recent_set: HashSet<u32>,
+}
+
+impl Ids {
+    /// Identifiers in `lo..=hi`, drawn with `rng`.
+    pub fn new(rng: SecretRng, lo: u32, hi: u32) -> Ids {
+        Ids {
+            rng,
+            lo,
+            hi,
+            in_use: HashSet::new(),
+            recent: VecDeque::new(),
+            recent_set: HashSet::new(),
+        }
+    }
+
+    fn free(&self, v: u32) -> bool {
+        !self.in_use.contains(&v) && !self.recent_set.contains(&v)
+    }
+
+    /// A fresh identifier, or `None` when every value is in use or resting.
+    pub fn draw(&mut self) -> Option<u32> {
+        let span = u64::from(self.hi - self.lo) + 1;
+        // The range is large and mostly free: a few random tries find one.
+        for _ in 0..64 {
+            let v = self.lo + self.rng.below(span) as u32;
+            if self.free(v) {
+                self.in_use.insert(v);
+                return Some(v);
+            }
+        }
+        // Nearly full: walk from a random point.
+        let start = self.rng.below(span);
+        let v = (0..span)
+            .map(|k| self.lo + ((start + k) % span) as u32)
+            .find(|&v| self.free(v))?;
+        self.in_use.insert(v);
+        Some(v)
+    }
+
+    /// Give `v` back: it rests until [`QUARANTINE`] more have been freed.
+    pub fn release(&mut self, v: u32) {
+        if !self.in_use.remove(&v) {
+            return;
+        }
+        self.recent.push_back(v);
+        self.recent_set.insert(v);
+        if self.recent.len() > QUARANTINE {
+            if let Some(old) = self.recent.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
+    }
+
+    /// Random bits from the same secret stream (a key's low byte, say).
+    pub fn next_u64(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_unpredictable_unique_and_rest_after_release() {
+        let mut ids = Ids::new(SecretRng::from_u64(5), 0x11, 0xFF_FFFE);
+        let first: Vec<u32> = (0..1000).map(|_| ids.draw().unwrap()).collect();
+        let unique: HashSet<u32> = first.iter().copied().collect();
+        assert_eq!(unique.len(), 1000);
+        assert!(first.iter().all(|v| (0x11..=0xFF_FFFE).contains(v)));
+        // Not handed out in order: consecutive draws are far apart.
+        let steps_of_one = first.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert_eq!(steps_of_one, 0);
+        // Spread over the whole range.
+        assert!(first.iter().any(|&v| v < 0x40_0000) && first.iter().any(|&v| v > 0xC0_0000));
+        // A freed value is not drawn again while it rests.
+        let mut small = Ids::new(SecretRng::from_u64(6), 1, 8);
+        let all: Vec<u32> = (0..8).map(|_| small.draw().unwrap()).collect();
+        assert_eq!(small.draw(), None, "all in use");
+        small.release(all[3]);
+        assert_eq!(small.draw(), None, "a freed value rests first");
+        // After QUARANTINE more releases it is free again.
+        let mut big = Ids::new(SecretRng::from_u64(7), 1, QUARANTINE as u32 + 1);
+        let v = big.draw().unwrap();
+        big.release(v);
+        let others: Vec<u32> = (0..QUARANTINE).map(|_| big.draw().unwrap()).collect();
+        assert!(!others.contains(&v));
+        assert_eq!(big.draw(), None);
+        for o in others {
+            big.release(o);
+        }
+        assert_eq!(big.draw(), Some(v), "rested long enough");
+        // The same seed replays; another seed does not.
+        let a: Vec<u32> = {
+            let mut i = Ids::new(SecretRng::from_u64(9), 0, 0xFF_FFFF);
+            (0..8).map(|_| i.draw().unwrap()).collect()
+        };
+        let b: Vec<u32> = {
+            let mut i = Ids::new(SecretRng::from_u64(9), 0, 0xFF_FFFF);
+            (0..8).map(|_| i.draw().unwrap()).collect()
+        };
+        let c: Vec<u32> = {
+            let mut i = Ids::new(SecretRng::from_u64(10), 0, 0xFF_FFFF);
+            (0..8).map(|_| i.draw().unwrap()).collect()
+        };
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
 
     #[test]
     fn replays_from_seed() {

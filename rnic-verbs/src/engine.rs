@@ -509,7 +509,7 @@ impl Engine {
     pub fn start(
         addr: IpAddr,
         iface: Option<&crate::frames::Interface>,
-        seed: u64,
+        secret: rnic_core::rng::SecretRng,
         priority: crate::sched::Priority,
     ) -> io::Result<Engine> {
         let socket = open_socket(addr, ROCE_PORT)?;
@@ -525,7 +525,7 @@ impl Engine {
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
         let start = Instant::now();
-        let mut nic = Nic::new(addr, seed);
+        let mut nic = Nic::with_secret(addr, secret);
         // Packets of QPs without a port of their own leave from 4791.
         nic.set_udp_source_port(Some(ROCE_PORT));
         let state = EngineState {

@@ -160,7 +160,7 @@ impl Device {
     /// Start a NIC's engine on `addr`, on `iface` if given, recording to
     /// `RNIC_PCAP` if that is set.
     fn start(addr: IpAddr, iface: Option<&frames::Interface>) -> Result<Device> {
-        let engine = Engine::start(addr, iface, seed(), sched::Priority::from_env()?)?;
+        let engine = Engine::start(addr, iface, secret()?, sched::Priority::from_env()?)?;
         let dev = Device {
             engine: Arc::new(engine),
         };
@@ -354,13 +354,24 @@ impl Device {
     }
 }
 
-/// A NIC's random seed: the time and the process.
-fn seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-        ^ u64::from(std::process::id()) << 32
+/// `N` bytes from the operating system's random source (getrandom(2)).
+fn os_random<const N: usize>() -> io::Result<[u8; N]> {
+    let mut bytes = [0u8; N];
+    let mut filled = 0;
+    while filled < N {
+        match rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(bytes)
+}
+
+/// The seed of a NIC's QP numbers and keys: 256 bits from the system, so
+/// that a peer cannot predict them.
+fn secret() -> io::Result<rnic_core::rng::SecretRng> {
+    Ok(rnic_core::rng::SecretRng::from_seed(os_random()?))
 }
 
 /// The loopback addresses a default device takes, in the order it tries
@@ -599,7 +610,7 @@ impl ProtectionDomain {
         Ok(QueuePair {
             dev: self.dev.clone(),
             qpn,
-            sq_psn: rand_psn(qpn),
+            sq_psn: rand_psn()?,
         })
     }
 
@@ -647,12 +658,10 @@ impl ProtectionDomain {
     }
 }
 
-fn rand_psn(qpn: u32) -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    (t ^ qpn.wrapping_mul(0x9E37_79B9)) & 0xFF_FFFF
+/// A random first PSN, from the system: a connection's PSNs are what an
+/// off-path attacker must guess to inject into it.
+fn rand_psn() -> io::Result<u32> {
+    Ok(u32::from_ne_bytes(os_random()?) & 0xFF_FFFF)
 }
 
 /// Builds a queue pair (`ProtectionDomain::qp_builder`).
