@@ -1262,7 +1262,8 @@ impl Nic {
 
     fn handle_timeout_inner(&mut self, now: Time) {
         let (qps, mut ctx) = self.parts(now);
-        // In QPN order: deterministic.
+        // In the table's order, which a fixed hasher makes the same on
+        // every replay.
         for qp in qps.iter_mut() {
             if qp.deadline().is_some_and(|t| t <= now) {
                 qp.comp_timeout(&mut ctx);
