@@ -772,6 +772,21 @@ impl Nic {
         recv_cq: CqHandle,
         caps: QpCaps,
     ) -> Result<u32, VerbError> {
+        self.create_qp_numbered(pd, qp_type, send_cq, recv_cq, caps, None)
+    }
+
+    /// As [`Nic::create_qp`], with QP number `qpn` if given (free, in
+    /// 0x11..=0xFFFFFE): to replay a capture into a NIC set up as the one
+    /// that made it. A NIC on a network lets its numbers be drawn.
+    pub fn create_qp_numbered(
+        &mut self,
+        pd: PdHandle,
+        qp_type: QpType,
+        send_cq: CqHandle,
+        recv_cq: CqHandle,
+        caps: QpCaps,
+        qpn: Option<u32>,
+    ) -> Result<u32, VerbError> {
         let a = DEVICE_ATTR;
         if caps.max_send_wr > a.max_qp_wr
             || caps.max_recv_wr > a.max_qp_wr
@@ -785,10 +800,11 @@ impl Nic {
                 return Err(VerbError::NoSuchCq(cq));
             }
         }
-        let qpn = self
-            .qpns
-            .draw()
-            .ok_or(VerbError::Unsupported("every QP number is in use"))?;
+        let qpn = match qpn {
+            None => self.qpns.draw(),
+            Some(q) => self.qpns.claim(q).then_some(q),
+        }
+        .ok_or(VerbError::Unsupported("that QP number is not free"))?;
         if let Err(e) = self.mem.pd_acquire(pd) {
             self.qpns.release(qpn);
             return Err(e.into());

@@ -154,6 +154,14 @@ impl Ids {
         Some(v)
     }
 
+    /// Take `v` itself, if it is in the range and free.
+    pub fn claim(&mut self, v: u32) -> bool {
+        if !(self.lo..=self.hi).contains(&v) || !self.free(v) {
+            return false;
+        }
+        self.in_use.insert(v)
+    }
+
     /// Give `v` back: it rests until [`QUARANTINE`] more have been freed.
     pub fn release(&mut self, v: u32) {
         if !self.in_use.remove(&v) {
@@ -196,6 +204,9 @@ mod tests {
         assert_eq!(small.draw(), None, "all in use");
         small.release(all[3]);
         assert_eq!(small.draw(), None, "a freed value rests first");
+        assert!(!small.claim(all[3]), "even when asked for by name");
+        assert!(!small.claim(all[4]), "in use");
+        assert!(!small.claim(9), "out of range");
         // After QUARANTINE more releases it is free again.
         let mut big = Ids::new(SecretRng::from_u64(7), 1, QUARANTINE as u32 + 1);
         let v = big.draw().unwrap();
