@@ -212,7 +212,9 @@ impl Qp {
         // QP's own min_rnr_timer is what its responder puts in the RNR NAKs
         // it sends; it has no say here.
         let wait = aeth::rnr_timer_micros(timer);
-        self.rnr_until = Some(ctx.now + std::time::Duration::from_micros(u64::from(wait)));
+        let until = ctx.now + std::time::Duration::from_micros(u64::from(wait));
+        self.rnr_until = Some(until);
+        ctx.timers.push(core::cmp::Reverse((until, self.qpn)));
         self.ack_deadline = None;
         self.go_back(psn);
     }
@@ -363,6 +365,12 @@ impl Qp {
                 }
             }
         }
+    }
+
+    /// Whether `t` is one of this QP's deadlines (a timer entry for it is
+    /// not stale).
+    pub(crate) fn has_deadline(&self, t: Time) -> bool {
+        self.ack_deadline == Some(t) || self.rnr_until == Some(t)
     }
 
     /// When this QP next needs the time.

@@ -15,7 +15,7 @@ use rnic_wire::{icrc, IbPacket, Psn};
 use crate::cq::{Cq, CqHandle};
 use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
 use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
-use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe};
+use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe, Timers};
 use crate::rng::{Ids, SecretRng};
 use crate::sim::Datagram;
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
@@ -376,6 +376,8 @@ pub struct Nic {
     events: VecDeque<AsyncEvent>,
     busy: VecDeque<u32>,
     overrun_cqs: Vec<CqHandle>,
+    /// Every QP's deadlines ([`Timers`]).
+    timers: Timers,
     /// The latest time an event brought.
     now: Time,
 }
@@ -424,6 +426,7 @@ impl Nic {
             events: VecDeque::new(),
             busy: VecDeque::new(),
             overrun_cqs: Vec::new(),
+            timers: Timers::new(),
             now: Time::ZERO,
         }
     }
@@ -453,6 +456,7 @@ impl Nic {
             busy,
             overrun_cqs,
             pool,
+            timers,
             now: latest,
             ..
         } = self;
@@ -472,6 +476,7 @@ impl Nic {
             busy,
             overrun_cqs,
             pool,
+            timers,
         };
         (qps, ctx)
     }
@@ -488,6 +493,7 @@ impl Nic {
     /// to the error state (IBV_EVENT_QP_FATAL); flushing it may overrun
     /// more, which are handled in turn.
     fn settle(&mut self) {
+        self.drop_stale_timers();
         let now = self.now;
         while let Some(cq) = self.overrun_cqs.pop() {
             let (qps, mut ctx) = self.parts(now);
@@ -1277,10 +1283,22 @@ impl Nic {
     }
 
     fn handle_timeout_inner(&mut self, now: Time) {
+        // The due entries, earliest first (the same order on every replay);
+        // a QP is served once however many entries it has.
+        let mut due = Vec::new();
+        while let Some(&core::cmp::Reverse((t, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if !due.contains(&qpn) {
+                due.push(qpn);
+            }
+        }
         let (qps, mut ctx) = self.parts(now);
-        // In the table's order, which a fixed hasher makes the same on
-        // every replay.
-        for qp in qps.iter_mut() {
+        for qpn in due {
+            let Some(qp) = qps.get_mut(qpn) else { continue };
+            // (A deadline of its still ahead has an entry of its own.)
             if qp.deadline().is_some_and(|t| t <= now) {
                 qp.comp_timeout(&mut ctx);
                 qp.req_poll(&mut ctx);
@@ -1311,12 +1329,31 @@ impl Nic {
                 qp.busy = false;
                 qp.generate_responses(&mut ctx, RESPONSE_BURST);
             }
+            self.drop_stale_timers();
         }
     }
 
-    /// When [`Nic::handle_timeout`] must next be called.
+    /// Pop the timer entries at the front whose QP is gone or no longer
+    /// has that deadline, so that the front is a live one.
+    fn drop_stale_timers(&mut self) {
+        while let Some(&core::cmp::Reverse((t, qpn))) = self.timers.peek() {
+            if self.qps.get(qpn).is_some_and(|qp| qp.has_deadline(t)) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    /// When [`Nic::handle_timeout`] must next be called: the front of the
+    /// timers, not a walk over the QPs.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.qps.iter().filter_map(Qp::deadline).min()
+        self.timers.peek().map(|&core::cmp::Reverse((t, _))| t)
+    }
+
+    /// Timer entries held, live and stale (a diagnostic: it stays near the
+    /// number of QPs with a deadline).
+    pub fn timer_entries(&self) -> usize {
+        self.timers.len()
     }
 }
 

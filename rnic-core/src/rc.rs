@@ -36,7 +36,15 @@ pub(crate) struct Ctx<'a> {
     pub overrun_cqs: &'a mut Vec<CqHandle>,
     /// Buffers to build packets in ([`crate::Nic::recycle`]).
     pub pool: &'a mut Vec<Vec<u8>>,
+    /// The NIC's timers: a QP that sets a deadline adds it here.
+    pub timers: &'a mut Timers,
 }
+
+/// Deadlines of QPs, earliest first: (when, QP number). A QP adds an entry
+/// whenever it sets a deadline; an entry whose QP has since moved or
+/// dropped that deadline is stale and is skipped when it comes up, so no
+/// event walks every QP.
+pub(crate) type Timers = std::collections::BinaryHeap<core::cmp::Reverse<(Time, u32)>>;
 
 impl Ctx<'_> {
     /// Hand a datagram to the transmit queue.

@@ -89,8 +89,11 @@ impl Qp {
         }
     }
 
-    pub(crate) fn arm_ack_timer(&mut self, ctx: &Ctx<'_>) {
+    pub(crate) fn arm_ack_timer(&mut self, ctx: &mut Ctx<'_>) {
         self.ack_deadline = local_ack_timeout(self.attr.timeout).map(|d| ctx.now + d);
+        if let Some(t) = self.ack_deadline {
+            ctx.timers.push(core::cmp::Reverse((t, self.qpn)));
+        }
     }
 
     /// Carry out the local operation `sq[next_wqe]` (BIND_MW, LOCAL_INV) where

@@ -448,3 +448,51 @@ fn a_slow_responder_draining_its_backlog_is_not_timed_out() {
     assert!((17..=32).contains(&reasked), "{reasked} READ requests");
     assert_eq!(p.c.nics[0].counters().retry_exceeded_err, 0);
 }
+
+/// Timers come from a heap of deadlines, not a walk over every QP: with
+/// 2,000 idle QPs beside the busy one, a transfer whose ACKs are lost still
+/// retransmits on time, and the entries a QP leaves behind each time it
+/// re-arms (every ACK) are dropped as they come up, so the heap stays near
+/// the number of QPs with a deadline.
+#[test]
+fn timers_are_a_heap_that_idle_qps_do_not_fill() {
+    let (mut p, a, b) = pair(38, &Params::default());
+    let (pd, cq) = (p.a.pd, p.a.cq);
+    for _ in 0..2000 {
+        p.c.nics[0]
+            .create_qp(pd, rnic_core::qp::QpType::Rc, cq, cq, Default::default())
+            .unwrap();
+    }
+    let data: Vec<u8> = (0..200 * 1024u32).map(|i| (i * 13 + 5) as u8).collect();
+    p.write_a(0, &data);
+    let sg = p.sge_a(0, data.len() as u32);
+    p.post_write_to_b(1, B_IOVA, sg);
+    // B's ACKs of the first pass are lost, so the local ACK timer (1.05
+    // ms) must fire.
+    p.c.net.partition(b, a);
+    let heal_at = p.c.now + Duration::from_micros(500);
+    let mut most = 0;
+    let limit = p.c.now + Duration::from_secs(60);
+    let mut settled = false;
+    for _ in 0..1_000_000 {
+        if p.c.now >= heal_at {
+            p.c.net.heal(b, a);
+        }
+        most = most.max(p.c.nics[0].timer_entries());
+        if p.c.next_event().is_none() {
+            settled = true;
+            break;
+        }
+        assert!(p.c.now < limit, "still running after 60 s");
+        p.c.step();
+    }
+    assert!(settled, "the simulation did not settle");
+    assert_eq!(p.completions(0)[0].status, WcStatus::Success);
+    assert_eq!(p.read(1, 0, data.len()), data);
+    assert!(
+        p.c.nics[0].counters().completer_retry_err > 0,
+        "a timeout fired"
+    );
+    assert!(most <= 4, "{most} timer entries for one QP with a deadline");
+    assert_eq!(p.c.nics[0].timer_entries(), 0, "nothing left once idle");
+}
