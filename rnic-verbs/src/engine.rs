@@ -83,6 +83,8 @@ pub(crate) struct EngineState {
     pub span: tracing::Span,
     /// Datagrams waiting to be sent, reused.
     tx: Vec<Datagram>,
+    /// The impairment of this NIC's egress, if any (`impair`).
+    pub impair: Option<crate::impair::Impairer>,
     /// Receive buffers, used by whichever thread holds the lock: receiving
     /// and handling a batch is one step, so datagrams are handled in the
     /// order they arrived.
@@ -129,6 +131,20 @@ impl EngineState {
                     Some(d) => tx.push(d),
                     None => break,
                 }
+            }
+            if let Some(imp) = &mut self.impair {
+                // What was held and is due leaves first, then what the NIC
+                // sent now, as the impairment decides.
+                let mut out = Vec::with_capacity(tx.len());
+                let mut spent = Vec::new();
+                imp.release(now, &mut out);
+                for d in tx.drain(..) {
+                    imp.offer(now, d, &mut out, &mut spent);
+                }
+                for b in spent {
+                    self.nic.recycle(b);
+                }
+                tx = out;
             }
             if tx.is_empty() {
                 self.tx = tx;
@@ -263,12 +279,22 @@ impl EngineState {
     /// any was.
     fn run_due_timers(&mut self, socket: &UdpSocket) -> bool {
         let now = self.now();
-        if self.nic.next_deadline().is_none_or(|d| d > now) {
+        if self.next_deadline().is_none_or(|d| d > now) {
             return false;
         }
         self.nic.handle_timeout(now);
         self.pump(socket);
         true
+    }
+
+    /// When the engine must next run: a NIC timer, or a held datagram's
+    /// release.
+    pub fn next_deadline(&self) -> Option<Time> {
+        let held = self.impair.as_ref().and_then(|i| i.next_release());
+        match (self.nic.next_deadline(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Take QP `qpn`'s completions handed to the program and not yet polled
@@ -539,6 +565,7 @@ impl Engine {
             send_sockets: HashMap::new(),
             span: span.clone(),
             tx: Vec::with_capacity(crate::udp::BATCH),
+            impair: None,
             rx: crate::udp::RecvBatch::new(),
         };
         let shared = Arc::new(Shared {
@@ -597,7 +624,7 @@ impl Engine {
         let _entered = span.enter();
         let r = f(&mut st);
         st.pump(&sh.socket);
-        let next = st.nic.next_deadline();
+        let next = st.next_deadline();
         drop(st);
         // A timer earlier than the engine thread's wake-up: tell it.
         sh.wake_for(next);
@@ -643,7 +670,7 @@ impl Engine {
         if !worked {
             return;
         }
-        let next = st.nic.next_deadline();
+        let next = st.next_deadline();
         drop(st);
         sh.wake_for(next);
     }
@@ -795,7 +822,6 @@ fn run(sh: &Shared, realtime: bool) {
                 100_000_000
             };
             let until = st
-                .nic
                 .next_deadline()
                 .map_or(now.0 + longest, |d| d.0.min(now.0 + longest));
             // Published under the lock: a verb that sets an earlier timer
@@ -822,7 +848,6 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
         let now = st.now().0;
         let last = sh.last_active().unwrap_or(now);
         let until = st
-            .nic
             .next_deadline()
             .map_or(u64::MAX, |d| d.0)
             .min(last.saturating_add(sh.away_max.load(Ordering::Relaxed)));

@@ -27,6 +27,7 @@ mod capture;
 mod channel;
 mod delivered;
 mod engine;
+pub mod impair;
 // AF_PACKET, BPF and getifaddrs, which std and rustix do not wrap.
 #[allow(unsafe_code)]
 pub mod frames;
@@ -61,6 +62,7 @@ pub use rnic_core::wr::{
 pub use rnic_core::{DeviceAttr, QpCaps, VerbError, DEVICE_ATTR};
 
 pub use engine::TapEvent;
+pub use impair::{ImpairStats, Impairment};
 
 /// Where a tap delivers the packets it sees.
 pub type TapReceiver = crossbeam_channel::Receiver<TapEvent>;
@@ -158,8 +160,17 @@ impl Device {
     }
 
     /// Start a NIC's engine on `addr`, on `iface` if given, recording to
-    /// `RNIC_PCAP` if that is set.
+    /// `RNIC_PCAP` if that is set, its egress impaired as `RNIC_IMPAIR`
+    /// says if that is set.
     fn start(addr: IpAddr, iface: Option<&frames::Interface>) -> Result<Device> {
+        let impair = match std::env::var("RNIC_IMPAIR") {
+            Ok(v) => Some(v.parse::<Impairment>().map_err(|_| Error::BadEnv {
+                var: "RNIC_IMPAIR".into(),
+                value: v.clone(),
+                expected: "loss=P,dup=P,reorder=P,corrupt=P,delay=D,seed=N (P as 5% or 0.05, D as 1ms or 200us)",
+            })?),
+            Err(_) => None,
+        };
         let engine = Engine::start(addr, iface, secret()?, sched::Priority::from_env()?)?;
         let dev = Device {
             engine: Arc::new(engine),
@@ -167,7 +178,27 @@ impl Device {
         if let Some(path) = std::env::var_os("RNIC_PCAP") {
             dev.capture(std::path::Path::new(&path))?;
         }
+        if let Some(i) = impair {
+            dev.set_impairment(i)?;
+        }
         Ok(dev)
+    }
+
+    /// Impair this NIC's egress from now on (loss, duplication,
+    /// reordering, corruption, delay: see [`impair`]); an impairment that
+    /// does nothing turns it off. Datagrams held back when it is replaced
+    /// are dropped.
+    pub fn set_impairment(&self, i: Impairment) -> Result<()> {
+        let imp = (!i.is_none()).then(|| impair::Impairer::new(i));
+        self.engine.call(move |st| st.impair = imp)?;
+        Ok(())
+    }
+
+    /// What the impairment has done to this NIC's egress so far.
+    pub fn impairment_stats(&self) -> Result<ImpairStats> {
+        Ok(self
+            .engine
+            .call(|st| st.impair.as_ref().map(|i| i.stats).unwrap_or_default())?)
     }
 
     /// Open a NIC on network interface `name`, at its IPv4 address, taking

@@ -699,3 +699,110 @@ fn reset_takes_the_qps_unpolled_completions() {
     other.destroy().unwrap();
     assert!(a.cq.poll().is_empty());
 }
+
+/// Both NICs' egress impaired (loss, duplication, reordering, corruption):
+/// RC still delivers every message exactly once, in order, every byte
+/// right, and each impairment did happen (the corrupted copies died at the
+/// receiver's ICRC check).
+#[test]
+fn impaired_links_lose_nothing() {
+    const SLOT: usize = 4096;
+    const BATCH: u64 = 32;
+    let open = |seed: u64| {
+        let dev = Device::open_loopback().expect("a loopback address");
+        let spec = format!("loss=5%,dup=3%,reorder=5%,corrupt=2%,seed={seed}");
+        dev.set_impairment(spec.parse().unwrap()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let mr = pd
+            .register(64 * SLOT, Access::LOCAL_WRITE | Access::REMOTE_READ)
+            .unwrap();
+        let cq = dev.create_cq(256).unwrap();
+        let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        (dev, pd, mr, cq, qp)
+    };
+    let (da, _pa, ma, ca, qa) = open(1);
+    let (db, _pb, mb, cb, qb) = open(2);
+    let o = ConnectOptions::default();
+    qa.connect(&qb.endpoint(), &o).unwrap();
+    qb.connect(&qa.endpoint(), &o).unwrap();
+    let size = |k: u64| 1 + (k * 997 % 4000) as usize;
+    let byte = |k: u64, i: usize| (k as usize * 31 + i * 7) as u8;
+    let mut k = 0u64;
+    for _ in 0..8 {
+        for j in 0..BATCH {
+            let slot = (j as usize) * SLOT;
+            qb.post_recv(RecvWr {
+                wr_id: k + j,
+                sg_list: vec![mb.sge(slot, SLOT as u32)].into(),
+            })
+            .unwrap();
+            let msg: Vec<u8> = (0..size(k + j)).map(|i| byte(k + j, i)).collect();
+            assert!(ma.write(slot, &msg));
+        }
+        for j in 0..BATCH {
+            let slot = (j as usize) * SLOT;
+            let sge = ma.sge(slot, size(k + j) as u32);
+            qa.post_send(wr(k + j, SendOp::Send { imm: None }, vec![sge]))
+                .unwrap();
+        }
+        for j in 0..BATCH {
+            let c = ca.wait(T).unwrap();
+            assert_eq!((c.wr_id, c.status), (k + j, WcStatus::Success));
+            let r = cb.wait(T).unwrap();
+            assert_eq!((r.wr_id, r.status), (k + j, WcStatus::Success), "in order");
+            assert_eq!(r.byte_len as usize, size(k + j));
+            let mut got = vec![0u8; size(k + j)];
+            assert!(mb.read(j as usize * SLOT, &mut got));
+            assert!(
+                got.iter().enumerate().all(|(i, &b)| b == byte(k + j, i)),
+                "message {} intact",
+                k + j
+            );
+        }
+        k += BATCH;
+    }
+    // And nothing more: every message exactly once.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ca.poll().is_empty() && cb.poll().is_empty());
+    let (sa, sb) = (
+        da.impairment_stats().unwrap(),
+        db.impairment_stats().unwrap(),
+    );
+    for s in [sa, sb] {
+        assert!(s.lost > 0 && s.duplicated > 0 && s.reordered > 0, "{s:?}");
+    }
+    assert!(sa.corrupted + sb.corrupted > 0, "{sa:?} {sb:?}");
+    // A flipped bit fails the ICRC, or the parse before it (a length or an
+    // opcode that no longer adds up): dropped either way.
+    let dropped = |d: &Device| {
+        let c = d.counters().unwrap();
+        c.icrc_errors + c.malformed
+    };
+    assert_eq!(
+        dropped(&da) + dropped(&db),
+        sa.corrupted + sb.corrupted,
+        "every corrupted copy was caught"
+    );
+}
+
+#[test]
+fn a_malformed_rnic_impair_is_an_error_naming_it() {
+    // (A child process: the variable would reach this process's other tests.)
+    if std::env::var_os("RNIC_IMPAIR_CHILD").is_some() {
+        let e = Device::open_loopback().unwrap_err().to_string();
+        assert!(e.contains("RNIC_IMPAIR") && e.contains("loss=7"), "{e}");
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(me)
+        .args(["--exact", "a_malformed_rnic_impair_is_an_error_naming_it"])
+        .env("RNIC_IMPAIR_CHILD", "1")
+        .env("RNIC_IMPAIR", "loss=7")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}

@@ -80,6 +80,11 @@ enum Command {
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
+        /// Impair each NIC's egress, for example
+        /// loss=5%,dup=1%,reorder=2%,corrupt=0.1%,delay=1ms,seed=7
+        /// (RNIC_IMPAIR does the same for any program on rnic).
+        #[arg(long, value_name = "SPEC")]
+        impair: Option<rnic_verbs::Impairment>,
     },
     /// Like ibv_rc_pingpong: with no SERVER, wait for a client; with one,
     /// connect to it. The two exchange endpoints over TCP in ibv_rc_pingpong's
@@ -177,6 +182,7 @@ fn main() -> ExitCode {
             all_sizes,
             mtu,
             json,
+            impair,
         } => {
             let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
                 eprintln!("rnic perf: the MTU must be 256, 512, 1024, 2048 or 4096");
@@ -209,6 +215,7 @@ fn main() -> ExitCode {
                 all_sizes,
                 mtu,
                 json,
+                impair,
             };
             match perf::run(&o) {
                 Ok(true) => ExitCode::SUCCESS,

@@ -96,6 +96,8 @@ pub struct Options {
     pub mtu: Mtu,
     /// Print JSON lines instead of a table.
     pub json: bool,
+    /// Impair each NIC's egress (loss, duplication, reordering, corruption).
+    pub impair: Option<rnic_verbs::Impairment>,
 }
 
 impl Options {
@@ -172,6 +174,9 @@ struct Local {
 impl Local {
     fn new(o: &Options) -> Res<Local> {
         let dev = Device::open_loopback()?;
+        if let Some(i) = o.impair {
+            dev.set_impairment(i)?;
+        }
         let pd = dev.alloc_pd()?;
         let rights = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
