@@ -1100,6 +1100,7 @@ mod tests {
             all_sizes: false,
             mtu: Mtu::Mtu4096,
             json: false,
+            impair: None,
         };
         let mut p = Options {
             op: Op::Write,
