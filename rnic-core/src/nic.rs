@@ -1333,6 +1333,14 @@ impl Nic {
         }
     }
 
+    /// QP `qpn`'s oldest unacknowledged PSN and how many PSNs are
+    /// outstanding (for the fuzzer, to forge responses a requester takes).
+    pub(crate) fn send_window(&self, qpn: u32) -> Option<(Psn, u32)> {
+        self.qps
+            .get(qpn)
+            .map(|qp| (qp.una, qp.max_sent.forward_from(qp.una)))
+    }
+
     /// Pop the timer entries at the front whose QP is gone or no longer
     /// has that deadline, so that the front is a live one.
     fn drop_stale_timers(&mut self) {
