@@ -326,6 +326,15 @@ int main(int argc, char **argv)
 		fail("RTS");
 
 	char line[128];
+	/* The client sends nothing before the server's QP is in RTS: a request
+	 * that reached it in RTR (a bad one moves it to the error state) would
+	 * make the server's own move to RTS fail. */
+	if (!client) {
+		if (write(fd, "rts\n", 4) != 4)
+			fail("could not tell the client");
+	} else if (!get_line(fd, line, sizeof line, 30000) || strcmp(line, "rts")) {
+		fail("the server did not reach RTS");
+	}
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
 	struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad_rwr;
 	struct ibv_send_wr swr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
