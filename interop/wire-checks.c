@@ -326,15 +326,6 @@ int main(int argc, char **argv)
 		fail("RTS");
 
 	char line[128];
-	/* The client sends nothing before the server's QP is in RTS: a request
-	 * that reached it in RTR (a bad one moves it to the error state) would
-	 * make the server's own move to RTS fail. */
-	if (!client) {
-		if (write(fd, "rts\n", 4) != 4)
-			fail("could not tell the client");
-	} else if (!get_line(fd, line, sizeof line, 30000) || strcmp(line, "rts")) {
-		fail("the server did not reach RTS");
-	}
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey };
 	struct ibv_recv_wr rwr = { .wr_id = 7, .sg_list = &sge, .num_sge = 1 }, *bad_rwr;
 	struct ibv_send_wr swr = { .wr_id = 9, .sg_list = &sge, .num_sge = 1,
@@ -343,6 +334,8 @@ int main(int argc, char **argv)
 	if (!client) {
 		/* The server: the responder. */
 		if (is == 5) {
+			if (write(fd, "rts\n", 4) != 4)
+				fail("could not tell the client");
 			ibv_destroy_qp(qp);
 			printf("wire-checks %s: server: QP destroyed, leaving\n", test);
 			return 0;
@@ -351,6 +344,11 @@ int main(int argc, char **argv)
 			if (ibv_post_recv(qp, &rwr, &bad_rwr))
 				fail("post_recv");
 		}
+		/* The client sends nothing before the server's QP is in RTS with
+		 * its receive posted: a request that reached it in RTR (a bad one
+		 * moves it to the error state) would make its move to RTS fail. */
+		if (write(fd, "rts\n", 4) != 4)
+			fail("could not tell the client");
 		if (is == 3) {
 			usleep(300 * 1000);
 			if (ibv_post_recv(qp, &rwr, &bad_rwr))
@@ -501,7 +499,9 @@ int main(int argc, char **argv)
 		return 0;
 	}
 
-	/* The client: the requester. */
+	/* The client: the requester, once the server is ready. */
+	if (!get_line(fd, line, sizeof line, 30000) || strcmp(line, "rts"))
+		fail("the server did not reach RTS");
 	double ms;
 	struct ibv_wc wc;
 	switch (is) {
