@@ -205,15 +205,21 @@ static void check_msg(const char *what, const unsigned char *p, int n, unsigned 
 		fail("%s of %d bytes: the byte after it changed to %#x", what, n, p[n]);
 }
 
+/* Post one work request and wait for its completion. */
+static struct ibv_wc post_wait(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr)
+{
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(qp, wr, &bad))
+		fail("post_send: %s", strerror(errno));
+	return wait_wc(cq, 30000);
+}
+
 /* Post a SEND and wait for its completion; *ms is how long that took. */
 static struct ibv_wc timed_send(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr, double *ms)
 {
-	struct ibv_send_wr *bad;
 	wr->opcode = IBV_WR_SEND;
 	double t0 = now_ms();
-	if (ibv_post_send(qp, wr, &bad))
-		fail("post_send");
-	struct ibv_wc wc = wait_wc(cq, 30000);
+	struct ibv_wc wc = post_wait(qp, cq, wr);
 	*ms = now_ms() - t0;
 	return wc;
 }
@@ -333,13 +339,6 @@ int main(int argc, char **argv)
 
 	if (!client) {
 		/* The server: the responder. */
-		if (is == 5) {
-			if (write(fd, "rts\n", 4) != 4)
-				fail("could not tell the client");
-			ibv_destroy_qp(qp);
-			printf("wire-checks %s: server: QP destroyed, leaving\n", test);
-			return 0;
-		}
 		if (is == 1 || is == 2) {
 			if (ibv_post_recv(qp, &rwr, &bad_rwr))
 				fail("post_recv");
@@ -349,6 +348,11 @@ int main(int argc, char **argv)
 		 * moves it to the error state) would make its move to RTS fail. */
 		if (write(fd, "rts\n", 4) != 4)
 			fail("could not tell the client");
+		if (is == 5) {
+			ibv_destroy_qp(qp);
+			printf("wire-checks %s: server: QP destroyed, leaving\n", test);
+			return 0;
+		}
 		if (is == 3) {
 			usleep(300 * 1000);
 			if (ibv_post_recv(qp, &rwr, &bad_rwr))
@@ -433,9 +437,7 @@ int main(int argc, char **argv)
 				.bind_mw = { .mw = mw, .rkey = window,
 					     .bind_info = { .mr = mr, .addr = (uintptr_t)buf, .length = 256,
 							    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE } } };
-			if (ibv_post_send(qp, &bind, &bad_swr))
-				fail("posting the bind: %s", strerror(errno));
-			struct ibv_wc wc = wait_wc(cq, 30000);
+			struct ibv_wc wc = post_wait(qp, cq, &bind);
 			if (wc.wr_id != 3 || wc.status != IBV_WC_SUCCESS)
 				fail("the bind completed with %s", ibv_wc_status_str(wc.status));
 			if (ibv_post_recv(qp, &rwr, &bad_rwr))
@@ -583,23 +585,17 @@ int main(int argc, char **argv)
 		swr.opcode = IBV_WR_RDMA_WRITE;
 		swr.wr.rdma.rkey = window;
 		swr.wr.rdma.remote_addr = peer.addr;
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
+		wc = post_wait(qp, cq, &swr);
 		if (wc.status != IBV_WC_SUCCESS)
 			fail("the WRITE through the window completed with %s", ibv_wc_status_str(wc.status));
 		swr.opcode = IBV_WR_SEND_WITH_INV;
 		swr.invalidate_rkey = window;
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
+		wc = post_wait(qp, cq, &swr);
 		if (wc.status != IBV_WC_SUCCESS)
 			fail("the SEND_WITH_INV completed with %s", ibv_wc_status_str(wc.status));
 		swr.opcode = IBV_WR_RDMA_WRITE;
 		memset(buf, 0x77, 64);
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
+		wc = post_wait(qp, cq, &swr);
 		if (wc.status != IBV_WC_REM_ACCESS_ERR)
 			fail("the WRITE through the invalidated window completed with %s",
 			     ibv_wc_status_str(wc.status));
@@ -612,9 +608,7 @@ int main(int argc, char **argv)
 		swr.opcode = IBV_WR_RDMA_WRITE;
 		swr.wr.rdma.rkey = is == 1 ? peer.rkey ^ 0x1 : peer.rkey;
 		swr.wr.rdma.remote_addr = is == 1 ? peer.addr : peer.addr + SIZE - 32;
-		if (ibv_post_send(qp, &swr, &bad_swr))
-			fail("post_send");
-		wc = wait_wc(cq, 30000);
+		wc = post_wait(qp, cq, &swr);
 		if (wc.status != IBV_WC_REM_ACCESS_ERR)
 			fail("the WRITE completed with %s, not IBV_WC_REM_ACCESS_ERR",
 			     ibv_wc_status_str(wc.status));
