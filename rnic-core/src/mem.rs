@@ -482,7 +482,11 @@ impl Memory {
         access: Access,
     ) -> Result<MrKeys, MemError> {
         self.check_registration(pd, iova, region.as_ref(), access)?;
-        let id = self.mr_ids.draw().ok_or(MemError::InvalidKey(u32::MAX))?;
+        let slots = &self.mr_slots;
+        let id = self
+            .mr_ids
+            .draw(|v| slots.contains_key(&v))
+            .ok_or(MemError::InvalidKey(u32::MAX))?;
         let key = self.mr_ids.next_u64() as u8;
         let index = Self::free_slot(&mut self.mrs);
         self.mr_slots.insert(id, index);
@@ -731,11 +735,12 @@ impl Memory {
     /// Allocate a memory window of type `kind` in `pd`; returns its R_Key,
     /// which opens nothing until a bind.
     pub fn alloc_mw_of(&mut self, pd: PdHandle, kind: MwType) -> Result<u32, MemError> {
-        let id = self.mw_ids.draw().ok_or(MemError::InvalidKey(u32::MAX))?;
-        if let Err(e) = self.pd_acquire(pd) {
-            self.mw_ids.release(id);
-            return Err(e);
-        }
+        let slots = &self.mw_slots;
+        let id = self
+            .mw_ids
+            .draw(|v| slots.contains_key(&v))
+            .ok_or(MemError::InvalidKey(u32::MAX))?;
+        self.pd_acquire(pd)?;
         let key = self.mw_ids.next_u64() as u8;
         let index = Self::free_slot(&mut self.mws);
         self.mw_slots.insert(id, index);

@@ -806,15 +806,14 @@ impl Nic {
                 return Err(VerbError::NoSuchCq(cq));
             }
         }
+        let qps = &self.qps;
+        let taken = |q| qps.get(q).is_some();
         let qpn = match qpn {
-            None => self.qpns.draw(),
-            Some(q) => self.qpns.claim(q).then_some(q),
+            None => self.qpns.draw(taken),
+            Some(q) => self.qpns.claim(q, taken).then_some(q),
         }
         .ok_or(VerbError::Unsupported("that QP number is not free"))?;
-        if let Err(e) = self.mem.pd_acquire(pd) {
-            self.qpns.release(qpn);
-            return Err(e.into());
-        }
+        self.mem.pd_acquire(pd)?;
         self.qps
             .insert(Qp::new(qpn, qp_type, pd, send_cq, recv_cq, caps));
         Ok(qpn)

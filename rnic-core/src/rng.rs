@@ -105,14 +105,14 @@ impl SecretRng {
 pub const QUARANTINE: usize = 4096;
 
 /// Identifiers (QP numbers, key indices) drawn at random from a range,
-/// never one in use and never one freed recently.
+/// never one in use and never one freed recently. Which are in use is the
+/// owner's table; this keeps the ones resting.
 #[derive(Debug)]
 pub struct Ids {
     rng: SecretRng,
     /// The values drawn from: `lo..=hi`.
     lo: u32,
     hi: u32,
-    in_use: HashSet<u32>,
     recent: VecDeque<u32>,
     recent_set: HashSet<u32>,
 }
@@ -124,49 +124,42 @@ impl Ids {
             rng,
             lo,
             hi,
-            in_use: HashSet::new(),
             recent: VecDeque::new(),
             recent_set: HashSet::new(),
         }
     }
 
-    fn free(&self, v: u32) -> bool {
-        !self.in_use.contains(&v) && !self.recent_set.contains(&v)
+    fn free(&self, v: u32, taken: &impl Fn(u32) -> bool) -> bool {
+        !taken(v) && !self.recent_set.contains(&v)
     }
 
-    /// A fresh identifier, or `None` when every value is in use or resting.
-    pub fn draw(&mut self) -> Option<u32> {
+    /// A fresh identifier, neither `taken` (in use, by the owner's table)
+    /// nor resting; `None` when there is none.
+    pub fn draw(&mut self, taken: impl Fn(u32) -> bool) -> Option<u32> {
         let span = u64::from(self.hi - self.lo) + 1;
         // The range is large and mostly free: a few random tries find one.
         for _ in 0..64 {
             let v = self.lo + self.rng.below(span) as u32;
-            if self.free(v) {
-                self.in_use.insert(v);
+            if self.free(v, &taken) {
                 return Some(v);
             }
         }
         // Nearly full: walk from a random point.
         let start = self.rng.below(span);
-        let v = (0..span)
+        (0..span)
             .map(|k| self.lo + ((start + k) % span) as u32)
-            .find(|&v| self.free(v))?;
-        self.in_use.insert(v);
-        Some(v)
+            .find(|&v| self.free(v, &taken))
     }
 
-    /// Take `v` itself, if it is in the range and free.
-    pub fn claim(&mut self, v: u32) -> bool {
-        if !(self.lo..=self.hi).contains(&v) || !self.free(v) {
-            return false;
-        }
-        self.in_use.insert(v)
+    /// Whether `v` itself may be used: in the range, not `taken`, not
+    /// resting.
+    pub fn claim(&self, v: u32, taken: impl Fn(u32) -> bool) -> bool {
+        (self.lo..=self.hi).contains(&v) && self.free(v, &taken)
     }
 
-    /// Give `v` back: it rests until [`QUARANTINE`] more have been freed.
+    /// `v` is no longer in use: it rests until [`QUARANTINE`] more have
+    /// been freed.
     pub fn release(&mut self, v: u32) {
-        if !self.in_use.remove(&v) {
-            return;
-        }
         self.recent.push_back(v);
         self.recent_set.insert(v);
         if self.recent.len() > QUARANTINE {
@@ -188,7 +181,33 @@ mod tests {
 
     #[test]
     fn ids_are_unpredictable_unique_and_rest_after_release() {
-        let mut ids = Ids::new(SecretRng::from_u64(5), 0x11, 0xFF_FFFE);
+        // The owner's table: what is in use.
+        struct Table {
+            ids: Ids,
+            used: HashSet<u32>,
+        }
+        impl Table {
+            fn new(seed: u64, lo: u32, hi: u32) -> Table {
+                Table {
+                    ids: Ids::new(SecretRng::from_u64(seed), lo, hi),
+                    used: HashSet::new(),
+                }
+            }
+            fn draw(&mut self) -> Option<u32> {
+                let used = &self.used;
+                let v = self.ids.draw(|v| used.contains(&v))?;
+                self.used.insert(v);
+                Some(v)
+            }
+            fn claim(&self, v: u32) -> bool {
+                self.ids.claim(v, |v| self.used.contains(&v))
+            }
+            fn release(&mut self, v: u32) {
+                self.used.remove(&v);
+                self.ids.release(v);
+            }
+        }
+        let mut ids = Table::new(5, 0x11, 0xFF_FFFE);
         let first: Vec<u32> = (0..1000).map(|_| ids.draw().unwrap()).collect();
         let unique: HashSet<u32> = first.iter().copied().collect();
         assert_eq!(unique.len(), 1000);
@@ -199,7 +218,7 @@ mod tests {
         // Spread over the whole range.
         assert!(first.iter().any(|&v| v < 0x40_0000) && first.iter().any(|&v| v > 0xC0_0000));
         // A freed value is not drawn again while it rests.
-        let mut small = Ids::new(SecretRng::from_u64(6), 1, 8);
+        let mut small = Table::new(6, 1, 8);
         let all: Vec<u32> = (0..8).map(|_| small.draw().unwrap()).collect();
         assert_eq!(small.draw(), None, "all in use");
         small.release(all[3]);
@@ -208,7 +227,7 @@ mod tests {
         assert!(!small.claim(all[4]), "in use");
         assert!(!small.claim(9), "out of range");
         // After QUARANTINE more releases it is free again.
-        let mut big = Ids::new(SecretRng::from_u64(7), 1, QUARANTINE as u32 + 1);
+        let mut big = Table::new(7, 1, QUARANTINE as u32 + 1);
         let v = big.draw().unwrap();
         big.release(v);
         let others: Vec<u32> = (0..QUARANTINE).map(|_| big.draw().unwrap()).collect();
@@ -220,15 +239,15 @@ mod tests {
         assert_eq!(big.draw(), Some(v), "rested long enough");
         // The same seed replays; another seed does not.
         let a: Vec<u32> = {
-            let mut i = Ids::new(SecretRng::from_u64(9), 0, 0xFF_FFFF);
+            let mut i = Table::new(9, 0, 0xFF_FFFF);
             (0..8).map(|_| i.draw().unwrap()).collect()
         };
         let b: Vec<u32> = {
-            let mut i = Ids::new(SecretRng::from_u64(9), 0, 0xFF_FFFF);
+            let mut i = Table::new(9, 0, 0xFF_FFFF);
             (0..8).map(|_| i.draw().unwrap()).collect()
         };
         let c: Vec<u32> = {
-            let mut i = Ids::new(SecretRng::from_u64(10), 0, 0xFF_FFFF);
+            let mut i = Table::new(10, 0, 0xFF_FFFF);
             (0..8).map(|_| i.draw().unwrap()).collect()
         };
         assert_eq!(a, b);
