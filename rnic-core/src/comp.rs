@@ -214,7 +214,7 @@ impl Qp {
         let wait = aeth::rnr_timer_micros(timer);
         let until = ctx.now + std::time::Duration::from_micros(u64::from(wait));
         self.rnr_until = Some(until);
-        ctx.timers.push(core::cmp::Reverse((until, self.qpn)));
+        self.schedule(ctx, until);
         self.ack_deadline = None;
         self.go_back(psn);
     }
@@ -365,12 +365,6 @@ impl Qp {
                 }
             }
         }
-    }
-
-    /// Whether `t` is one of this QP's deadlines (a timer entry for it is
-    /// not stale).
-    pub(crate) fn has_deadline(&self, t: Time) -> bool {
-        self.ack_deadline == Some(t) || self.rnr_until == Some(t)
     }
 
     /// When this QP next needs the time.

@@ -1290,6 +1290,11 @@ impl Nic {
                 break;
             }
             self.timers.pop();
+            if let Some(qp) = self.qps.get_mut(qpn) {
+                if qp.timer_at == Some(t) {
+                    qp.timer_at = None;
+                }
+            }
             if !due.contains(&qpn) {
                 due.push(qpn);
             }
@@ -1297,10 +1302,13 @@ impl Nic {
         let (qps, mut ctx) = self.parts(now);
         for qpn in due {
             let Some(qp) = qps.get_mut(qpn) else { continue };
-            // (A deadline of its still ahead has an entry of its own.)
             if qp.deadline().is_some_and(|t| t <= now) {
                 qp.comp_timeout(&mut ctx);
                 qp.req_poll(&mut ctx);
+            }
+            // An entry that came up early, or a deadline left: its entry.
+            if let Some(t) = qp.deadline() {
+                qp.schedule(&mut ctx, t);
             }
         }
     }
@@ -1340,14 +1348,31 @@ impl Nic {
             .map(|qp| (qp.una, qp.max_sent.forward_from(qp.una)))
     }
 
-    /// Pop the timer entries at the front whose QP is gone or no longer
-    /// has that deadline, so that the front is a live one.
+    /// Make the front of the timers exact: pop entries whose QP is gone,
+    /// has no deadline, or holds another entry, and move one that is early
+    /// to its QP's deadline.
     fn drop_stale_timers(&mut self) {
         while let Some(&core::cmp::Reverse((t, qpn))) = self.timers.peek() {
-            if self.qps.get(qpn).is_some_and(|qp| qp.has_deadline(t)) {
-                break;
+            let Some(qp) = self.qps.get_mut(qpn) else {
+                self.timers.pop();
+                continue;
+            };
+            if qp.timer_at != Some(t) {
+                self.timers.pop();
+                continue;
             }
-            self.timers.pop();
+            match qp.deadline() {
+                Some(d) if d == t => break,
+                Some(d) => {
+                    self.timers.pop();
+                    self.timers.push(core::cmp::Reverse((d, qpn)));
+                    qp.timer_at = Some(d);
+                }
+                None => {
+                    self.timers.pop();
+                    qp.timer_at = None;
+                }
+            }
         }
     }
 

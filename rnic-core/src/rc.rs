@@ -40,10 +40,12 @@ pub(crate) struct Ctx<'a> {
     pub timers: &'a mut Timers,
 }
 
-/// Deadlines of QPs, earliest first: (when, QP number). A QP adds an entry
-/// whenever it sets a deadline; an entry whose QP has since moved or
-/// dropped that deadline is stale and is skipped when it comes up, so no
-/// event walks every QP.
+/// Deadlines of QPs, earliest first: (when, QP number). A QP holds one
+/// entry, no later than its deadlines ([`Qp::timer_at`]): setting a
+/// deadline adds an entry only if it is earlier than the one it holds (a
+/// re-armed ACK timer moves later, and adds none). The NIC moves an entry
+/// that comes up early to the QP's deadline, and drops one whose QP is gone
+/// or has none, so no event walks every QP and an ACK costs no heap push.
 pub(crate) type Timers = std::collections::BinaryHeap<core::cmp::Reverse<(Time, u32)>>;
 
 impl Ctx<'_> {
@@ -288,6 +290,9 @@ pub(crate) struct Qp {
     pub rnr_left: u8,
     pub ack_deadline: Option<Time>,
     pub rnr_until: Option<Time>,
+    /// The time of this QP's entry in the NIC's timers, if it has one: no
+    /// later than either deadline while it has one ([`Qp::schedule`]).
+    pub timer_at: Option<Time>,
     /// A go-back-N retransmission is under way (a sequence NAK, a READ gap
     /// or a timeout started it); until the responder is seen to progress, a
     /// NAK or gap does not start another.
@@ -344,6 +349,7 @@ impl Qp {
             rnr_left: 0,
             ack_deadline: None,
             rnr_until: None,
+            timer_at: None,
             retry_started: false,
             window: MAX_INFLIGHT_PKTS,
             rq: VecDeque::new(),

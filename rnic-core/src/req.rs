@@ -6,7 +6,7 @@ use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 use crate::qp::QpState;
 use crate::rc::{gather, Ctx, Qp, ACK_EVERY};
 use crate::srq::AsyncEvent;
-use crate::time::local_ack_timeout;
+use crate::time::{local_ack_timeout, Time};
 use crate::wr::{SendOp, WcStatus};
 
 impl Qp {
@@ -92,7 +92,16 @@ impl Qp {
     pub(crate) fn arm_ack_timer(&mut self, ctx: &mut Ctx<'_>) {
         self.ack_deadline = local_ack_timeout(self.attr.timeout).map(|d| ctx.now + d);
         if let Some(t) = self.ack_deadline {
+            self.schedule(ctx, t);
+        }
+    }
+
+    /// A deadline at `t` was set: make sure the NIC's timers hold an entry
+    /// for this QP no later than it (one earlier is moved when it comes up).
+    pub(crate) fn schedule(&mut self, ctx: &mut Ctx<'_>, t: Time) {
+        if self.timer_at.is_none_or(|e| t < e) {
             ctx.timers.push(core::cmp::Reverse((t, self.qpn)));
+            self.timer_at = Some(t);
         }
     }
 

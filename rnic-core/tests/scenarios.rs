@@ -451,9 +451,11 @@ fn a_slow_responder_draining_its_backlog_is_not_timed_out() {
 
 /// Timers come from a heap of deadlines, not a walk over every QP: with
 /// 2,000 idle QPs beside the busy one, a transfer whose ACKs are lost still
-/// retransmits on time, and the entries a QP leaves behind each time it
-/// re-arms (every ACK) are dropped as they come up, so the heap stays near
-/// the number of QPs with a deadline.
+/// retransmits on time. A QP whose ACK timer is re-armed (every ACK) adds
+/// no entry: beside it, a QP waiting on a peer that never answers holds an
+/// entry in front of the busy QP's deadlines the whole time, where
+/// entries added per ACK would pile up; the heap stays near the number of
+/// QPs with a deadline.
 #[test]
 fn timers_are_a_heap_that_idle_qps_do_not_fill() {
     let (mut p, a, b) = pair(38, &Params::default());
@@ -465,6 +467,37 @@ fn timers_are_a_heap_that_idle_qps_do_not_fill() {
     }
     let data: Vec<u8> = (0..200 * 1024u32).map(|i| (i * 13 + 5) as u8).collect();
     p.write_a(0, &data);
+    // The waiting QP: connected as A's is, to a QP B does not have.
+    let waiting_cq = p.c.nics[0].create_cq(16);
+    let waiting = p.c.nics[0]
+        .create_qp(
+            pd,
+            rnic_core::qp::QpType::Rc,
+            waiting_cq,
+            waiting_cq,
+            Default::default(),
+        )
+        .unwrap();
+    let mut attr = p.c.nics[0].query_qp(p.a.qpn).unwrap();
+    attr.dest_qp_num = 0xFF_FFFE;
+    let now = p.c.now;
+    p.c.nics[0].to_rts(now, waiting, &attr).unwrap();
+    let rkey = p.b.mr.rkey;
+    let op = SendOp::Write {
+        remote_addr: B_IOVA,
+        rkey,
+        imm: None,
+    };
+    let wr = rnic_core::wr::SendWr {
+        wr_id: 99,
+        op,
+        sg_list: p.sge_a(0, 8),
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    p.c.nics[0].post_send(now, waiting, wr).unwrap();
     let sg = p.sge_a(0, data.len() as u32);
     p.post_write_to_b(1, B_IOVA, sg);
     // B's ACKs of the first pass are lost, so the local ACK timer (1.05
@@ -495,4 +528,10 @@ fn timers_are_a_heap_that_idle_qps_do_not_fill() {
     );
     assert!(most <= 4, "{most} timer entries for one QP with a deadline");
     assert_eq!(p.c.nics[0].timer_entries(), 0, "nothing left once idle");
+    let gave_up = p.c.nics[0].poll_cq(waiting_cq, 4).unwrap();
+    assert_eq!(
+        gave_up[0].status,
+        WcStatus::RetryExcErr,
+        "the waiting QP waited"
+    );
 }
