@@ -1348,6 +1348,18 @@ impl Nic {
             .map(|qp| (qp.una, qp.max_sent.forward_from(qp.una)))
     }
 
+    /// The PSN QP `qpn`'s responder expects next (for the fuzzer, to forge
+    /// requests it takes).
+    pub(crate) fn recv_psn(&self, qpn: u32) -> Option<Psn> {
+        self.qps.get(qpn).map(|qp| qp.epsn)
+    }
+
+    /// How many send work requests QP `qpn` holds (for the fuzzer, to see
+    /// that a requester whose peer fell silent drains its queue).
+    pub(crate) fn send_queue_len(&self, qpn: u32) -> Option<usize> {
+        self.qps.get(qpn).map(|qp| qp.sq.len())
+    }
+
     /// Make the front of the timers exact: pop entries whose QP is gone,
     /// has no deadline, or holds another entry, and move one that is early
     /// to its QP's deadline.
