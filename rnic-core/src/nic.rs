@@ -880,6 +880,7 @@ impl Nic {
             }
             (QpState::Init, QpState::Rtr) => {
                 qp.epsn = Psn::new(qp.attr.rq_psn);
+                qp.ack_psn = qp.epsn;
                 qp.msn = 0;
                 qp.seq_nak_sent = false;
             }

@@ -304,6 +304,10 @@ pub(crate) struct Qp {
     // Responder.
     pub rq: VecDeque<RecvWr>,
     pub epsn: Psn,
+    /// The PSN after the last SEND or WRITE packet executed: what a
+    /// duplicate's re-ACK names (READs and atomics are answered by their
+    /// own responses, never covered by a plain ACK).
+    pub ack_psn: Psn,
     pub msn: u32,
     pub in_msg: Option<InMsg>,
     pub seq_nak_sent: bool,
@@ -354,6 +358,7 @@ impl Qp {
             window: MAX_INFLIGHT_PKTS,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
+            ack_psn: Psn::new(0),
             msn: 0,
             in_msg: None,
             seq_nak_sent: false,

@@ -204,8 +204,14 @@ impl Qp {
             }
             _ => {
                 if pkt.bth().ack_req() {
-                    // Everything before `epsn` is done: say so again.
-                    let last = self.epsn.sub(1);
+                    // Say again that the SENDs and WRITEs are done, up to
+                    // the last one: never with the PSN of a READ or atomic
+                    // done since. A plain ACK must not cover a READ whose
+                    // responses may still be on their way: rdma_rxe's
+                    // completer takes an ACK with a READ's last PSN as that
+                    // READ's completion, data missing (its own responder
+                    // re-ACKs with the same PSN as here, its ack_psn).
+                    let last = self.ack_psn.sub(1);
                     let syndrome = self.ack_syndrome(ctx);
                     self.send_ack(ctx, syndrome, last);
                 }
@@ -282,6 +288,7 @@ impl Qp {
             _ => return Err(Refusal::Nak(NakCode::InvalidRequest)),
         }
         self.epsn = psn.next();
+        self.ack_psn = self.epsn;
         if pkt.bth().ack_req() && !self.is_uc() {
             let syndrome = self.ack_syndrome(ctx);
             self.send_ack(ctx, syndrome, psn);
