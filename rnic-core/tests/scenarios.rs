@@ -535,3 +535,36 @@ fn timers_are_a_heap_that_idle_qps_do_not_fill() {
         "the waiting QP waited"
     );
 }
+
+/// A peer that is gone (every packet lost): the request fails with
+/// RETRY_EXC_ERR after exactly retry_cnt + 1 local ACK timeouts of
+/// 4.096 us x 2^timeout each, the first sent at the post and each
+/// retransmission when the previous wait ran out; what was posted after
+/// it is flushed.
+#[test]
+fn a_dead_peer_fails_the_request_after_exactly_its_retries() {
+    for (timeout, retry_cnt) in [(8, 0), (12, 3), (14, 7)] {
+        let params = Params {
+            timeout,
+            retry_cnt,
+            ..Params::default()
+        };
+        let (mut p, a, b) = pair(71, &params);
+        p.c.net.partition(a, b);
+        let t0 = p.c.now;
+        p.post_write_to_b(1, B_IOVA, p.sge_a(0, 64));
+        p.post_write_to_b(2, B_IOVA, p.sge_a(0, 64));
+        p.run();
+        let statuses: Vec<_> = p.completions(0).iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [WcStatus::RetryExcErr, WcStatus::WrFlushErr]);
+        let attempt = Duration::from_nanos(4096 << timeout);
+        assert_eq!(
+            p.c.now - t0,
+            attempt * (u32::from(retry_cnt) + 1),
+            "timeout {timeout}, retry_cnt {retry_cnt}"
+        );
+        let n = p.c.nics[0].counters();
+        assert_eq!(n.retry_exceeded_err, 1);
+        assert_eq!(n.completer_retry_err, u64::from(retry_cnt) + 1);
+    }
+}
