@@ -904,21 +904,18 @@ fn a_duplicates_re_ack_never_covers_a_read_since() {
     let read = read_request(&p, A_PSN + 1, B_IOVA, p.b.mr.rkey, two_packets);
     deliver_to_b(&mut p, read);
     deliver_to_b(&mut p, write);
-    let mut sent = Vec::new();
-    while let Some(d) = p.c.nics[1].poll_transmit() {
-        let psn = u32::from_be_bytes([0, d.payload[9], d.payload[10], d.payload[11]]);
-        sent.push((d.payload[0], psn));
-    }
-    let (ack, first, last) = (0x11, 0x0D, 0x0F);
-    let read_psn = (A_PSN + 1) & 0xFF_FFFF;
-    let read_last = (A_PSN + 2) & 0xFF_FFFF;
+    let sent: Vec<_> = take_tx(&mut p.c.nics[1])
+        .iter()
+        .map(|d| (opcode(d), psn_of(d)))
+        .collect();
+    let read = psn(A_PSN).next();
     assert_eq!(
         sent,
         [
-            (ack, A_PSN),
-            (first, read_psn),
-            (last, read_last),
-            (ack, A_PSN)
+            (Opcode::RC_ACKNOWLEDGE, A_PSN),
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, read.value()),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, read.next().value()),
+            (Opcode::RC_ACKNOWLEDGE, A_PSN),
         ]
     );
 }
