@@ -36,6 +36,33 @@ impl Touch {
     }
 }
 
+/// Per region, the bytes that requests or work requests named: where the
+/// engine may go.
+pub(super) struct Named(Vec<Vec<bool>>);
+
+impl Named {
+    /// Nothing named yet, in regions of `lens` bytes.
+    pub fn new(lens: &[usize]) -> Named {
+        Named(lens.iter().map(|&len| vec![false; len]).collect())
+    }
+
+    /// Name `len` bytes from `offset` in `region`, as far as its end.
+    pub fn mark(&mut self, region: usize, offset: u64, len: u64) {
+        let bytes = &mut self.0[region];
+        let end = offset.saturating_add(len).min(bytes.len() as u64);
+        bytes[offset.min(end) as usize..end as usize].fill(true);
+    }
+
+    /// Whether `t` stays inside its region and touches named bytes only.
+    pub fn covers(&self, t: &Touch) -> bool {
+        let bytes = &self.0[t.region];
+        t.offset
+            .checked_add(t.len)
+            .is_some_and(|end| end <= bytes.len())
+            && bytes[t.range()].iter().all(|&b| b)
+    }
+}
+
 struct Inner {
     bytes: Vec<u8>,
     log: Vec<Touch>,

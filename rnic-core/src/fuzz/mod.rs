@@ -50,8 +50,40 @@ impl Input<'_> {
     }
 }
 
-/// Whether a datagram a NIC sent parses, carries exactly its opcode's
-/// headers and has a correct ICRC.
+/// The path MTUs a harness's setup byte picks from.
+const MTUS: [crate::qp::Mtu; 3] = [
+    crate::qp::Mtu::Mtu256,
+    crate::qp::Mtu::Mtu1024,
+    crate::qp::Mtu::Mtu4096,
+];
+
+/// `p` (BTH onwards, no ICRC) as a datagram from `from`'s UDP port `port`
+/// to `to`, with its ICRC appended (one bit of it flipped if `bad`).
+fn datagram(
+    from: core::net::IpAddr,
+    to: core::net::IpAddr,
+    port: u16,
+    mut p: Vec<u8>,
+    bad: bool,
+) -> crate::sim::Datagram {
+    let crc = rnic_wire::icrc::for_udp(from, to, port, &p).unwrap_or(0);
+    p.extend_from_slice(&(crc ^ u32::from(bad)).to_le_bytes());
+    crate::sim::Datagram {
+        src: from,
+        dst: to,
+        src_port: port,
+        payload: p,
+    }
+}
+
+/// Panics unless a datagram a NIC sent parses, carries exactly its
+/// opcode's headers and has a correct ICRC.
+fn assert_well_formed(d: &crate::sim::Datagram) {
+    if let Err(why) = well_formed(d) {
+        panic!("the NIC sent a bad packet ({why}): {d:?}");
+    }
+}
+
 fn well_formed(d: &crate::sim::Datagram) -> Result<(), &'static str> {
     use rnic_wire::ib::{IbPacket, IbRepr};
     let pkt = IbPacket::new_checked(&d.payload[..]).map_err(|_| "does not parse")?;

@@ -23,15 +23,13 @@ use core::net::{IpAddr, Ipv4Addr};
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rnic_wire::icrc;
 use rnic_wire::psn::Psn;
 
-use super::arena::{Arena, Kind, Touch};
-use super::{well_formed, Input};
+use super::arena::{Arena, Kind, Named, Touch};
+use super::{assert_well_formed, datagram, Input, MTUS};
 use crate::cq::CqHandle;
 use crate::mem::Access;
-use crate::qp::{AddressVector, Mtu, QpAttr, QpType};
-use crate::sim::Datagram;
+use crate::qp::{AddressVector, QpAttr, QpType};
 use crate::time::Time;
 use crate::wr::{sg_list, SendOp, SendWr, Sge};
 use crate::{Nic, QpCaps};
@@ -61,7 +59,7 @@ struct Target {
     lkey: [u32; 3],
     /// Per region, the bytes posted work requests named (SRC: to read;
     /// SINK: to write).
-    named: [Vec<bool>; 2],
+    named: Named,
     /// Signaled work requests not yet completed.
     waiting: HashSet<u64>,
     posted: HashSet<u64>,
@@ -82,7 +80,7 @@ impl Target {
             lkey[region] = keys.lkey;
         }
         let cq = nic.create_cq(1 << 16);
-        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][usize::from(setup % 3)];
+        let mtu = MTUS[usize::from(setup % 3)];
         let qpn = nic
             .create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
             .ok()?;
@@ -113,7 +111,7 @@ impl Target {
             cq,
             mtu: mtu.bytes(),
             lkey,
-            named: [vec![false; LENS[SRC]], vec![false; LENS[SINK]]],
+            named: Named::new(&LENS),
             waiting: HashSet::new(),
             posted: HashSet::new(),
             last_completed: 0,
@@ -192,8 +190,7 @@ impl Target {
             if signaled {
                 self.waiting.insert(id);
             }
-            let end = (off + len).min(LENS[region]);
-            self.named[region][off.min(end)..end].fill(true);
+            self.named.mark(region, off as u64, len as u64);
         }
     }
 
@@ -249,14 +246,7 @@ impl Target {
         }
         p.extend(core::iter::repeat_n(0, usize::from(flags >> 4)));
         let port = 0xC000 | u16::from(sel);
-        let crc = icrc::for_udp(PEER, ME, port, &p).unwrap_or(0);
-        p.extend_from_slice(&crc.to_le_bytes());
-        let d = Datagram {
-            src: PEER,
-            dst: ME,
-            src_port: port,
-            payload: p,
-        };
+        let d = datagram(PEER, ME, port, p, false);
         self.nic.handle_datagram(now, &d);
     }
 
@@ -264,9 +254,7 @@ impl Target {
     /// input says) and its completions.
     fn drain(&mut self) {
         while let Some(d) = self.nic.poll_transmit() {
-            if let Err(why) = well_formed(&d) {
-                panic!("the NIC sent a bad packet ({why}): {d:?}");
-            }
+            assert_well_formed(&d);
             assert_eq!(d.dst, PEER, "a packet to someone else: {d:?}");
             assert_eq!(
                 &d.payload[5..8],
@@ -290,19 +278,12 @@ impl Target {
     }
 
     fn allowed(&self, t: &Touch) -> bool {
-        if t.region > SINK
-            || t.offset
-                .checked_add(t.len)
-                .is_none_or(|e| e > LENS[t.region])
-        {
-            return false;
-        }
-        let wanted = if t.region == SRC {
-            Kind::Read
-        } else {
-            Kind::Write
+        let wanted = match t.region {
+            SRC => Kind::Read,
+            SINK => Kind::Write,
+            _ => return false,
         };
-        t.kind == wanted && self.named[t.region][t.range()].iter().all(|&b| b)
+        t.kind == wanted && self.named.covers(t)
     }
 
     fn check(&self) {

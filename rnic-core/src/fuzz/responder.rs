@@ -31,16 +31,14 @@ use core::ops::Range;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rnic_wire::icrc;
 use rnic_wire::opcode::{ExtHeader, Opcode, OPCODES};
 use rnic_wire::psn::Psn;
 
-use super::arena::{Arena, Kind, Touch};
-use super::{well_formed, Input};
+use super::arena::{Arena, Kind, Named, Touch};
+use super::{assert_well_formed, datagram, Input, MTUS};
 use crate::cq::CqHandle;
 use crate::mem::{Access, MwBind, MwType};
-use crate::qp::{AddressVector, Mtu, QpAttr, QpType};
-use crate::sim::Datagram;
+use crate::qp::{AddressVector, QpAttr, QpType};
 use crate::time::Time;
 use crate::wr::{sg_list, RecvWr, SendOp, SendWr, Sge};
 use crate::{Nic, QpCaps};
@@ -82,7 +80,7 @@ struct Target {
     recv: u32,
     mw: u32,
     /// Per region, the bytes some request or receive named.
-    named: [Vec<bool>; 5],
+    named: Named,
     posted: HashSet<u64>,
     completed: HashSet<u64>,
     next_id: u64,
@@ -110,7 +108,7 @@ impl Target {
             );
         }
         let cq = nic.create_cq(1 << 16);
-        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][usize::from(setup % 3)];
+        let mtu = MTUS[usize::from(setup % 3)];
         let mut qpns = [0; 3];
         for (i, qp_type) in [QpType::Rc, QpType::Uc, QpType::Ud].into_iter().enumerate() {
             qpns[i] = nic.create_qp(pd, qp_type, cq, cq, QpCaps::default()).ok()?;
@@ -175,7 +173,7 @@ impl Target {
             mwr: keys[MWR].rkey,
             recv: keys[RECV].lkey,
             mw,
-            named: LENS.map(|len| vec![false; len]),
+            named: Named::new(&LENS),
             posted: HashSet::new(),
             completed: HashSet::new(),
             next_id: 1,
@@ -258,12 +256,8 @@ impl Target {
     /// grants access to `region`.
     fn name(&mut self, region: Option<usize>, va: u64, len: u64) {
         let Some(r) = region else { return };
-        let Some(off) = va.checked_sub(iova(r)) else {
-            return;
-        };
-        let end = off.saturating_add(len).min(LENS[r] as u64);
-        for b in off..end {
-            self.named[r][b as usize] = true;
+        if let Some(off) = va.checked_sub(iova(r)) {
+            self.named.mark(r, off, len);
         }
     }
 
@@ -370,16 +364,9 @@ impl Target {
 
     /// `p` (BTH onwards, no ICRC) with its ICRC appended (flipped if `bad`),
     /// to the NIC.
-    fn send(&mut self, now: Time, from: IpAddr, port: u16, mut p: Vec<u8>, bad: bool) {
-        let crc = icrc::for_udp(from, ME, port, &p).unwrap_or(0);
-        p.extend_from_slice(&(crc ^ u32::from(bad)).to_le_bytes());
-        let d = Datagram {
-            src: from,
-            dst: ME,
-            src_port: port,
-            payload: p,
-        };
-        self.nic.handle_datagram(now, &d);
+    fn send(&mut self, now: Time, from: IpAddr, port: u16, p: Vec<u8>, bad: bool) {
+        self.nic
+            .handle_datagram(now, &datagram(from, ME, port, p, bad));
     }
 
     /// A packet of input bytes, aimed at one of the QPs (the seeds cut from
@@ -443,8 +430,7 @@ impl Target {
         };
         if self.nic.post_recv(now, qpn, wr).is_ok() {
             self.posted.insert(id);
-            let end = (off + len as usize).min(LENS[RECV]);
-            self.named[RECV][off.min(end)..end].fill(true);
+            self.named.mark(RECV, off as u64, u64::from(len));
         }
     }
 
@@ -452,9 +438,7 @@ impl Target {
     /// completions.
     fn drain(&mut self) {
         while let Some(d) = self.nic.poll_transmit() {
-            if let Err(why) = well_formed(&d) {
-                panic!("the NIC sent a bad packet ({why}): {d:?}");
-            }
+            assert_well_formed(&d);
         }
         for c in self.nic.poll_cq(self.cq, usize::MAX).unwrap_or_default() {
             assert!(
@@ -467,16 +451,12 @@ impl Target {
 
     /// Whether the engine was allowed to make this access.
     fn allowed(&self, t: &Touch) -> bool {
-        let r = t.region;
-        if t.offset.checked_add(t.len).is_none_or(|end| end > LENS[r]) {
-            return false;
-        }
-        let named = self.named[r][t.range()].iter().all(|&b| b);
-        match (r, t.kind) {
-            (W, _) | (RO, Kind::Read) | (RECV, Kind::Write) => named,
-            (MWR, _) => named && WINDOW.start <= t.offset && t.range().end <= WINDOW.end,
+        let right = match (t.region, t.kind) {
+            (W, _) | (RO, Kind::Read) | (RECV, Kind::Write) => true,
+            (MWR, _) => WINDOW.start <= t.offset && t.range().end <= WINDOW.end,
             _ => false,
-        }
+        };
+        right && self.named.covers(t)
     }
 
     fn check(&self) {

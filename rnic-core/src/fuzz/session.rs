@@ -27,7 +27,7 @@ use crate::time::Time;
 use crate::wr::{sg_list, InlineData, RecvWr, SendOp, SendWr, Sge, UdDest};
 use crate::{Nic, QpCaps};
 
-use super::Input;
+use super::{Input, MTUS};
 
 const IOVA: u64 = 0x10_0000;
 const LEN: usize = 16384;
@@ -253,7 +253,7 @@ pub fn run(data: &[u8]) {
     let mut input = Input(data);
     let setup = input.byte();
     let qp_type = [QpType::Rc, QpType::Uc, QpType::Ud][usize::from(setup % 3)];
-    let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][usize::from((setup >> 2) % 3)];
+    let mtu = MTUS[usize::from((setup >> 2) % 3)];
     let mut now = Time(1_000_000);
     let (Some(mut a), Some(mut b)) = (side(1, qp_type), side(2, qp_type)) else {
         panic!("the harness sets up");
