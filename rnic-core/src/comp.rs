@@ -138,6 +138,13 @@ impl Qp {
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
         self.responder_heard();
         self.complete_front(ctx);
+        // An ACK may overtake a go-back-N: the responder has what the
+        // requester was about to resend. Go on from the first PSN it does
+        // not have. Left behind `una`, the next packet would count as
+        // 2^24 - k packets outstanding: a window full for ever.
+        if self.first_psn_of_next().is_before(self.una) {
+            self.go_back(self.una);
+        }
         if self.una == self.max_sent || self.sq.is_empty() {
             self.ack_deadline = None;
         } else {

@@ -919,3 +919,79 @@ fn a_duplicates_re_ack_never_covers_a_read_since() {
         ]
     );
 }
+
+/// An ACK that lands inside a request while go-back-N is resending an earlier
+/// one: the requester goes on from the first unacknowledged PSN, never from
+/// the start of a request the ACK has partly covered. Resuming at the start
+/// put the next PSN to send behind the oldest unacknowledged one: the window
+/// (counted from that PSN) then looked full forever, and the timer, seeing
+/// nothing outstanding past it, never resent. The QP hung in RTS with its
+/// requests posted (seen as perftest's `ib_write_bw -b` hanging on loopback,
+/// where one lost datagram in a few thousand is enough).
+///
+/// An honest responder on a lossy network produces it: the window ends in
+/// the middle of a WRITE, and the ACK of the request before that WRITE is
+/// lost; the ACK of the window's last packet arrives after the local ACK
+/// timeout has rewound to the first request.
+#[test]
+fn an_ack_inside_a_request_after_a_rewind_resumes_at_the_oldest_unacked_psn() {
+    let mut p = Pair::new(49, &Params::default());
+    let data: Vec<u8> = (0..160 * 1024u32).map(|i| (i * 13 + 5) as u8).collect();
+    p.write_a(0, &data);
+    // A first WRITE lost whole: the timeout shrinks the window to 16
+    // packets; its resend is taken and ACKed, which doubles it to 32.
+    p.post_write_to_b(1, B_IOVA, p.sge_a(0, 16 * 1024));
+    take_tx(&mut p.c.nics[0]);
+    let mut now = p.c.now + Duration::from_millis(2);
+    p.c.nics[0].handle_timeout(now);
+    for d in take_tx(&mut p.c.nics[0]) {
+        p.c.nics[1].handle_datagram(now, &d);
+    }
+    for d in take_tx(&mut p.c.nics[1]) {
+        p.c.nics[0].handle_datagram(now, &d);
+    }
+    // Two WRITEs, of 16 and 128 packets: the window of 32 ends in the
+    // middle of the second, on a packet that asks for an ACK.
+    p.post_write_to_b(2, B_IOVA + 16 * 1024, p.sge_a(16 * 1024, 16 * 1024));
+    p.post_write_to_b(3, B_IOVA + 32 * 1024, p.sge_a(32 * 1024, 128 * 1024));
+    let window = take_tx(&mut p.c.nics[0]);
+    assert_eq!(window.len(), 32);
+    for d in &window {
+        p.c.nics[1].handle_datagram(now, d);
+    }
+    // B ACKs the first WRITE's last packet (lost) and the window's last.
+    let acks = take_tx(&mut p.c.nics[1]);
+    assert_eq!(
+        acks.iter().map(psn_of).collect::<Vec<_>>(),
+        [psn_of(&window[15]), psn_of(&window[31])]
+    );
+    // A times out first, rewinds to the 16-packet WRITE and resends it.
+    now = now + Duration::from_millis(2);
+    p.c.nics[0].handle_timeout(now);
+    let resent = take_tx(&mut p.c.nics[0]);
+    assert_eq!(psn_of(&resent[0]), psn_of(&window[0]));
+    // The late ACK of the window's last packet: everything up to the
+    // middle of the 128-packet WRITE is done.
+    p.c.nics[0].handle_datagram(now, &acks[1]);
+    let next = take_tx(&mut p.c.nics[0]);
+    assert!(
+        !next.is_empty(),
+        "the requester sends after an ACK that opened its window"
+    );
+    assert_eq!(psn_of(&next[0]), psn_of(&window[31]) + 1);
+    p.c.now = now;
+    for d in resent.into_iter().chain(next) {
+        p.c.net.send(now, d);
+    }
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success)
+        ]
+    );
+    assert_eq!(p.read(1, 0, 160 * 1024), data);
+}
