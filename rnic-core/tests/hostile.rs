@@ -995,3 +995,39 @@ fn an_ack_inside_a_request_after_a_rewind_resumes_at_the_oldest_unacked_psn() {
     );
     assert_eq!(p.read(1, 0, 160 * 1024), data);
 }
+
+/// The same state reached by the simulator with one lost ACK: a timeout
+/// leaves a window of 32 packets, which ends inside a 48-packet WRITE; the
+/// ACK of its last packet is lost; the next timeout rewinds to the WRITE's
+/// start and resends 16 packets, and the responder's re-ACK of that
+/// duplicate names the last packet it has, which is the last one sent.
+#[test]
+fn a_re_ack_overtaking_a_rewind_inside_a_write_does_not_stall_it() {
+    let params = Params {
+        mtu: rnic_core::qp::Mtu::Mtu256,
+        ..Params::default()
+    };
+    let mut p = Pair::new(50, &params);
+    let b = p.c.nics[1].addr();
+    let data: Vec<u8> = (0..13 * 1024u32).map(|i| (i * 13 + 5) as u8).collect();
+    p.write_a(0, &data);
+    let lose_an_ack = DropRule {
+        src: Some(b),
+        opcode: Some(Opcode::RC_ACKNOWLEDGE),
+        psn: None,
+        times: 1,
+    };
+    p.c.net.drop_rule(lose_an_ack);
+    p.post_write_to_b(1, B_IOVA, p.sge_a(0, 1024));
+    p.run();
+    p.c.net.drop_rule(lose_an_ack);
+    p.post_write_to_b(2, B_IOVA + 1024, p.sge_a(1024, 12 * 1024));
+    p.run();
+    let c = p.completions(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.read(1, 0, 13 * 1024), data);
+    assert_eq!(p.c.nics[0].counters().completer_retry_err, 2);
+}

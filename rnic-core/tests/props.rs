@@ -79,6 +79,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Microseconds the simulation runs before an op is posted: mostly none (a
+/// burst of posts), sometimes up to three ACK timeouts, so that requests are
+/// also posted while earlier ones are in flight, NAKed or being resent.
+fn gap() -> impl Strategy<Value = u32> {
+    prop_oneof![3 => Just(0u32), 1 => 0u32..3000]
+}
+
 fn link() -> impl Strategy<Value = LinkConfig> {
     (0.0..0.3f64, 0.0..0.2f64, 0.0..0.1f64, 0u64..60).prop_map(
         |(loss, duplicate, corrupt, jitter)| LinkConfig {
@@ -104,6 +111,7 @@ fn check(
     link: LinkConfig,
     mtu: Mtu,
     ops: &[Op],
+    gaps: &[u32],
     mech: Mechanisms,
 ) -> Result<bool, TestCaseError> {
     let d = Params::default();
@@ -157,6 +165,11 @@ fn check(
     let (mut ri, mut si) = (0, 0);
     for (i, op) in ops.iter().enumerate() {
         let id = i as u64;
+        if let Some(&g) = gaps.get(i).filter(|&&g| g > 0) {
+            let until = p.c.now + Duration::from_micros(u64::from(g));
+            p.c.run(until, 5_000_000);
+            p.c.now = p.c.now.max(until);
+        }
         match *op {
             Op::Write { dst, src, len } => {
                 p.post_fenced(
@@ -379,9 +392,10 @@ proptest! {
         seed in any::<u64>(),
         link in link(),
         mtu in mtu(),
-        ops in proptest::collection::vec(op(), 1..24),
+        steps in proptest::collection::vec((op(), gap()), 1..24),
     ) {
-        check(seed, link, mtu, &ops, Mechanisms::default())?;
+        let (ops, gaps): (Vec<Op>, Vec<u32>) = steps.into_iter().unzip();
+        check(seed, link, mtu, &ops, &gaps, Mechanisms::default())?;
     }
 }
 
@@ -401,7 +415,7 @@ fn most_runs_complete_everything() {
             delay: Duration::from_micros(5),
             jitter: Duration::from_micros(10),
         };
-        if check(seed, link, Mtu::Mtu1024, &ops, Mechanisms::default()).unwrap() {
+        if check(seed, link, Mtu::Mtu1024, &ops, &[], Mechanisms::default()).unwrap() {
             complete += 1;
         }
     }
@@ -428,14 +442,14 @@ fn without_duplicate_detection_the_properties_fail() {
         ..Mechanisms::default()
     };
     let failures = (0..20u64)
-        .filter(|&seed| check(seed, link, Mtu::Mtu1024, &ops, off).is_err())
+        .filter(|&seed| check(seed, link, Mtu::Mtu1024, &ops, &[], off).is_err())
         .count();
     assert!(
         failures >= 15,
         "only {failures} of 20 runs caught the duplicates"
     );
     for seed in 0..20u64 {
-        check(seed, link, Mtu::Mtu1024, &ops, Mechanisms::default()).unwrap();
+        check(seed, link, Mtu::Mtu1024, &ops, &[], Mechanisms::default()).unwrap();
     }
 }
 
@@ -457,13 +471,13 @@ fn without_the_atomic_replay_cache_the_properties_fail() {
         ..Mechanisms::default()
     };
     let failures = (0..20u64)
-        .filter(|&seed| check(seed, link, Mtu::Mtu1024, &ops, off).is_err())
+        .filter(|&seed| check(seed, link, Mtu::Mtu1024, &ops, &[], off).is_err())
         .count();
     assert!(
         failures >= 15,
         "only {failures} of 20 runs caught the double execution"
     );
     for seed in 0..20u64 {
-        check(seed, link, Mtu::Mtu1024, &ops, Mechanisms::default()).unwrap();
+        check(seed, link, Mtu::Mtu1024, &ops, &[], Mechanisms::default()).unwrap();
     }
 }
