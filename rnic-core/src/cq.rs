@@ -110,6 +110,50 @@ impl Cq {
     }
 }
 
+/// A NIC's completion queues, by handle. A destroyed queue's slot is
+/// reused by the next one created, so the table is as long as the most
+/// queues alive at once, however many come and go.
+#[derive(Debug, Default)]
+pub struct CqTable {
+    slots: Vec<Option<Cq>>,
+}
+
+impl CqTable {
+    /// Add `cq`; its handle.
+    pub fn insert(&mut self, cq: Cq) -> CqHandle {
+        match self.slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.slots[i] = Some(cq);
+                CqHandle(i as u32)
+            }
+            None => {
+                self.slots.push(Some(cq));
+                CqHandle(self.slots.len() as u32 - 1)
+            }
+        }
+    }
+
+    /// Remove the queue `h`, if there is one.
+    pub fn remove(&mut self, h: CqHandle) -> Option<Cq> {
+        self.slots.get_mut(h.0 as usize).and_then(Option::take)
+    }
+
+    /// The queue `h`, if there is one.
+    pub fn get(&self, h: CqHandle) -> Option<&Cq> {
+        self.slots.get(h.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The queue `h`, if there is one.
+    pub fn get_mut(&mut self, h: CqHandle) -> Option<&mut Cq> {
+        self.slots.get_mut(h.0 as usize).and_then(Option::as_mut)
+    }
+
+    /// Slots the table holds, queues or free.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

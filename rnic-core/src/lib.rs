@@ -25,5 +25,5 @@ pub mod time;
 mod ud;
 pub mod wr;
 
-pub use nic::{Counters, DeviceAttr, Mechanisms, Nic, VerbError, DEVICE_ATTR};
+pub use nic::{Counters, DeviceAttr, Footprint, Mechanisms, Nic, VerbError, DEVICE_ATTR};
 pub use rc::{ExecKind, Execution, QpCaps};

@@ -358,9 +358,17 @@ impl Span {
     }
 }
 
+/// A protection domain: how many regions, windows, QPs and holds use it,
+/// and whether its owner let go of it (it is freed with its last user).
+#[derive(Debug, Clone, Copy)]
+struct Pd {
+    users: u32,
+    released: bool,
+}
+
 /// Protection domains and memory regions of one NIC.
 pub struct Memory {
-    pds: Vec<Option<u32>>, // per PD: how many MRs, MWs and QPs use it
+    pds: Vec<Option<Pd>>,
     mrs: Vec<Option<Mr>>,
     mws: Vec<Option<Mw>>,
     /// The index part of each region's and window's keys, to its slot.
@@ -430,6 +438,18 @@ impl Memory {
         }
     }
 
+    /// Table slots held (live or free) for PDs, regions and windows, the
+    /// key indices in use, and the freed ones resting.
+    pub fn slots(&self) -> [usize; 5] {
+        [
+            self.pds.len(),
+            self.mrs.len() + self.mws.len(),
+            self.mr_slots.len() + self.mw_slots.len(),
+            self.mr_ids.resting() + self.mw_ids.resting(),
+            self.mrs.iter().flatten().count() + self.mws.iter().flatten().count(),
+        ]
+    }
+
     /// Allocate a protection domain.
     pub fn alloc_pd(&mut self) -> PdHandle {
         let i = match self.pds.iter().position(Option::is_none) {
@@ -439,37 +459,60 @@ impl Memory {
                 self.pds.len() - 1
             }
         };
-        self.pds[i] = Some(0);
+        self.pds[i] = Some(Pd {
+            users: 0,
+            released: false,
+        });
         PdHandle(i as u32)
+    }
+
+    /// The live domain `pd` (not released by its owner).
+    fn pd_mut(&mut self, pd: PdHandle) -> Result<&mut Pd, MemError> {
+        match self.pds.get_mut(pd.0 as usize) {
+            Some(Some(p)) if !p.released => Ok(p),
+            _ => Err(MemError::NoSuchPd(pd)),
+        }
     }
 
     /// Free a protection domain that nothing uses any more.
     pub fn dealloc_pd(&mut self, pd: PdHandle) -> Result<(), MemError> {
-        match self.pds.get_mut(pd.0 as usize) {
-            Some(slot @ Some(0)) => {
-                *slot = None;
-                Ok(())
-            }
-            Some(Some(_)) => Err(MemError::PdBusy(pd)),
-            _ => Err(MemError::NoSuchPd(pd)),
+        if self.pd_mut(pd)?.users > 0 {
+            return Err(MemError::PdBusy(pd));
         }
+        self.pds[pd.0 as usize] = None;
+        Ok(())
+    }
+
+    /// The owner of `pd` is done with it: freed now if nothing uses it,
+    /// else with its last user. Nothing new can be made in it either way.
+    pub fn release_pd(&mut self, pd: PdHandle) -> Result<(), MemError> {
+        let p = self.pd_mut(pd)?;
+        if p.users == 0 {
+            self.pds[pd.0 as usize] = None;
+        } else {
+            p.released = true;
+        }
+        Ok(())
     }
 
     /// Count one more user (a QP) of `pd`.
     pub fn pd_acquire(&mut self, pd: PdHandle) -> Result<(), MemError> {
-        match self.pds.get_mut(pd.0 as usize) {
-            Some(Some(n)) => {
-                *n += 1;
-                Ok(())
-            }
-            _ => Err(MemError::NoSuchPd(pd)),
-        }
+        self.pd_mut(pd)?.users += 1;
+        Ok(())
     }
 
-    /// Count one user fewer of `pd`.
+    /// Count one user fewer of `pd`; a released domain goes with its last.
     pub fn pd_release(&mut self, pd: PdHandle) {
-        if let Some(Some(n)) = self.pds.get_mut(pd.0 as usize) {
-            *n = n.saturating_sub(1);
+        let i = pd.0 as usize;
+        let last = match self.pds.get_mut(i) {
+            Some(Some(p)) => {
+                p.users = p.users.saturating_sub(1);
+                p.users == 0 && p.released
+            }
+            _ => false,
+        };
+        if last {
+            self.pds[i] = None;
         }
     }
 
@@ -498,8 +541,8 @@ impl Memory {
             region,
             windows: 0,
         });
-        if let Some(Some(n)) = self.pds.get_mut(pd.0 as usize) {
-            *n += 1;
+        if let Ok(p) = self.pd_mut(pd) {
+            p.users += 1;
         }
         let k = id << 8 | u32::from(key);
         Ok(MrKeys { lkey: k, rkey: k })
@@ -563,7 +606,7 @@ impl Memory {
         region: &dyn Region,
         access: Access,
     ) -> Result<(), MemError> {
-        if !matches!(self.pds.get(pd.0 as usize), Some(Some(_))) {
+        if !matches!(self.pds.get(pd.0 as usize), Some(Some(p)) if !p.released) {
             return Err(MemError::NoSuchPd(pd));
         }
         if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use rnic_wire::encap::{Frame, LinkType};
 use rnic_wire::{icrc, IbPacket, Psn};
 
-use crate::cq::{Cq, CqHandle};
+use crate::cq::{Cq, CqHandle, CqTable};
 use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
 use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
 use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe, Timers};
@@ -165,6 +165,8 @@ pub enum VerbError {
     },
     /// An SRQ that QPs still take their receives from (`ibv_destroy_srq`).
     SrqBusy(SrqHandle),
+    /// A CQ that QPs still complete into (`ibv_destroy_cq`).
+    CqBusy(CqHandle),
 }
 
 impl fmt::Display for VerbError {
@@ -203,6 +205,7 @@ impl fmt::Display for VerbError {
                 "a CQ of depth {depth} cannot hold the {waiting} completions waiting in it"
             ),
             VerbError::SrqBusy(s) => write!(f, "SRQ {} still has queue pairs", s.0),
+            VerbError::CqBusy(c) => write!(f, "CQ {} still has queue pairs", c.0),
         }
     }
 }
@@ -252,9 +255,9 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 /// No more scatter/gather entries than the queue takes.
 /// Take QP `qp`'s unpolled completions out of its CQs, as mlx5 cleans its
 /// CQs when a QP is reset or destroyed (mlx5_cq_clean).
-fn remove_completions(cqs: &mut [Cq], qp: &Qp) {
+fn remove_completions(cqs: &mut CqTable, qp: &Qp) {
     for h in [qp.send_cq, qp.recv_cq] {
-        if let Some(q) = cqs.get_mut(h.0 as usize) {
+        if let Some(q) = cqs.get_mut(h) {
             q.remove_qp(qp.qpn);
         }
     }
@@ -355,13 +358,42 @@ pub const POOL: usize = 256;
 /// which packet a recycled buffer served before does not matter.
 pub const PACKET_CAPACITY: usize = rnic_wire::ib::MAX_PAYLOAD + 64;
 
+/// What a NIC holds, object by object: for tests that create and destroy
+/// objects by the hundred thousand and require the NIC to end no larger
+/// than a few cycles in ([`Nic::footprint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Footprint {
+    /// Live QPs.
+    pub qps: usize,
+    /// CQ table slots (live or free).
+    pub cq_slots: usize,
+    /// SRQ table slots (live or free).
+    pub srq_slots: usize,
+    /// PD table slots (live or free).
+    pub pd_slots: usize,
+    /// Region and window table slots (live or free).
+    pub key_slots: usize,
+    /// Key indices mapped to a slot.
+    pub keys: usize,
+    /// Live regions and windows.
+    pub regions: usize,
+    /// Freed QP numbers and key indices kept out of use (bounded by
+    /// [`crate::rng::QUARANTINE`] each).
+    pub resting_ids: usize,
+    /// Entries in the timer heap.
+    pub timers: usize,
+    /// Packets waiting to be sent, and spare packet buffers.
+    pub packets: usize,
+    /// Async events and QPs waiting for their turn.
+    pub queued: usize,
+}
+
 /// A software RoCE v2 NIC.
 pub struct Nic {
     addr: IpAddr,
     mem: Memory,
-    cqs: Vec<Cq>,
+    cqs: CqTable,
     qps: QpTable,
-    next_cq: u32,
     qpns: Ids,
     tx: VecDeque<Datagram>,
     /// Packet buffers handed back after sending ([`Nic::recycle`]), reused
@@ -408,9 +440,8 @@ impl Nic {
         Nic {
             addr,
             mem: Memory::with_secret(mem_secret),
-            cqs: Vec::new(),
+            cqs: CqTable::default(),
             qps: QpTable::default(),
-            next_cq: 0,
             qpns: Ids::new(secret, QPNS.0, QPNS.1),
             tx: VecDeque::new(),
             pool: Vec::with_capacity(POOL),
@@ -618,6 +649,12 @@ impl Nic {
         Ok(self.mem.dealloc_pd(pd)?)
     }
 
+    /// The owner of `pd` is done with it: freed now, or with the last
+    /// region, window or queue pair in it. Nothing new can be made in it.
+    pub fn release_pd(&mut self, pd: PdHandle) -> Result<(), VerbError> {
+        Ok(self.mem.release_pd(pd)?)
+    }
+
     /// Register memory.
     pub fn reg_mr(
         &mut self,
@@ -699,16 +736,42 @@ impl Nic {
     /// `DEVICE_ATTR.max_cqe`; more is clamped).
     pub fn create_cq(&mut self, depth: usize) -> CqHandle {
         let depth = depth.min(DEVICE_ATTR.max_cqe as usize);
-        let h = CqHandle(self.next_cq);
-        self.next_cq += 1;
-        self.cqs.push(Cq::new(depth));
-        h
+        self.cqs.insert(Cq::new(depth))
+    }
+
+    /// What the NIC holds now ([`Footprint`]).
+    pub fn footprint(&self) -> Footprint {
+        let [pd_slots, key_slots, keys, resting_keys, regions] = self.mem.slots();
+        Footprint {
+            qps: self.qps.iter().count(),
+            cq_slots: self.cqs.capacity(),
+            srq_slots: self.srqs.len(),
+            pd_slots,
+            key_slots,
+            keys,
+            regions,
+            resting_ids: resting_keys + self.qpns.resting(),
+            timers: self.timers.len(),
+            packets: self.tx.len() + self.pool.len(),
+            queued: self.events.len() + self.busy.len() + self.overrun_cqs.len(),
+        }
+    }
+
+    /// Destroy CQ `cq` (`ibv_destroy_cq`) with the completions still in it.
+    /// Refused ([`VerbError::CqBusy`]) while a QP completes into it, as
+    /// verbs refuses with EBUSY. Its handle may name a new CQ later.
+    pub fn destroy_cq(&mut self, cq: CqHandle) -> Result<(), VerbError> {
+        self.cq_mut(cq)?;
+        if self.qps.iter().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbError::CqBusy(cq));
+        }
+        self.cqs.remove(cq);
+        self.overrun_cqs.retain(|&h| h != cq);
+        Ok(())
     }
 
     fn cq_mut(&mut self, cq: CqHandle) -> Result<&mut Cq, VerbError> {
-        self.cqs
-            .get_mut(cq.0 as usize)
-            .ok_or(VerbError::NoSuchCq(cq))
+        self.cqs.get_mut(cq).ok_or(VerbError::NoSuchCq(cq))
     }
 
     /// Change CQ `cq`'s depth (`ibv_resize_cq`), at most
@@ -802,7 +865,7 @@ impl Nic {
             return Err(VerbError::CapsTooLarge);
         }
         for cq in [send_cq, recv_cq] {
-            if self.cqs.get(cq.0 as usize).is_none() {
+            if self.cqs.get(cq).is_none() {
                 return Err(VerbError::NoSuchCq(cq));
             }
         }

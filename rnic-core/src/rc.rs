@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
 use smallvec::SmallVec;
 
-use crate::cq::{Cq, CqHandle};
+use crate::cq::{CqHandle, CqTable};
 use crate::mem::{Access, MemError, Memory, PdHandle};
 use crate::nic::Counters;
 use crate::qp::{QpAttr, QpState, QpType};
@@ -21,7 +21,7 @@ pub(crate) struct Ctx<'a> {
     pub now: Time,
     pub addr: IpAddr,
     pub mem: &'a mut Memory,
-    pub cqs: &'a mut Vec<Cq>,
+    pub cqs: &'a mut CqTable,
     pub tx: &'a mut VecDeque<Datagram>,
     pub counters: &'a mut Counters,
     pub exec_log: &'a mut Option<Vec<Execution>>,
@@ -56,7 +56,7 @@ impl Ctx<'_> {
     }
 
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
-        if let Some(q) = self.cqs.get_mut(cq.0 as usize) {
+        if let Some(q) = self.cqs.get_mut(cq) {
             if q.push(c) {
                 self.events.push_back(AsyncEvent::CqError(cq));
                 self.overrun_cqs.push(cq);

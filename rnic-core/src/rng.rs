@@ -169,6 +169,11 @@ impl Ids {
         }
     }
 
+    /// How many freed identifiers are resting (at most [`QUARANTINE`]).
+    pub fn resting(&self) -> usize {
+        self.recent.len()
+    }
+
     /// Random bits from the same secret stream (a key's low byte, say).
     pub fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()

@@ -65,6 +65,9 @@ pub(crate) struct EngineState {
     pub nic: Nic,
     pub start: Instant,
     pub cqs: HashMap<CqHandle, CqSink>,
+    /// CQs their owner let go of while queue pairs still completed into
+    /// them: destroyed with the last such queue pair.
+    released_cqs: Vec<CqHandle>,
     pub tap: Option<Sender<TapEvent>>,
     /// Where asynchronous events go, and a descriptor to make readable.
     pub events: Option<(
@@ -92,6 +95,35 @@ pub(crate) struct EngineState {
 }
 
 impl EngineState {
+    /// Destroy CQ `h` and its delivery (`ibv_destroy_cq`); refused while
+    /// queue pairs complete into it.
+    pub fn destroy_cq(&mut self, h: CqHandle) -> Result<(), rnic_core::VerbError> {
+        self.nic.destroy_cq(h)?;
+        self.cqs.remove(&h);
+        Ok(())
+    }
+
+    /// CQ `h`'s owner is done with it: destroy it now, or with the last
+    /// queue pair that completes into it.
+    pub fn release_cq(&mut self, h: CqHandle) {
+        if let Err(rnic_core::VerbError::CqBusy(_)) = self.destroy_cq(h) {
+            self.released_cqs.push(h);
+        }
+    }
+
+    /// Destroy QP `qpn` (`ibv_destroy_qp`) with its completions not yet
+    /// polled, and the CQs released while it used them.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), rnic_core::VerbError> {
+        self.qp_spans.remove(&qpn);
+        let cqs = self.nic.qp_cqs(qpn);
+        self.nic.destroy_qp(qpn)?;
+        self.remove_delivered(qpn, cqs);
+        let mut released = std::mem::take(&mut self.released_cqs);
+        released.retain(|&h| matches!(self.destroy_cq(h), Err(rnic_core::VerbError::CqBusy(_))));
+        self.released_cqs = released;
+        Ok(())
+    }
+
     /// The span of QP `qpn` (disabled if it has none, or tracing is off).
     pub fn qp_span(&self, qpn: u32) -> tracing::Span {
         self.qp_spans
@@ -558,6 +590,7 @@ impl Engine {
             nic,
             start,
             cqs: HashMap::new(),
+            released_cqs: Vec::new(),
             tap: None,
             events: None,
             capture: None,

@@ -302,6 +302,12 @@ impl Device {
         Ok(self.engine.call(|st| st.nic.counters())?)
     }
 
+    /// What the NIC holds ([`rnic_core::Footprint`]), and how many CQs the
+    /// driver delivers completions to.
+    pub fn footprint(&self) -> Result<(rnic_core::Footprint, usize)> {
+        Ok(self.engine.call(|st| (st.nic.footprint(), st.cqs.len()))?)
+    }
+
     /// Allocate a protection domain.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         let pd = self.engine.call(|st| st.nic.alloc_pd())?;
@@ -309,6 +315,7 @@ impl Device {
             dev: self.clone(),
             pd,
             parent: false,
+            done: AtomicBool::new(false),
         })
     }
 
@@ -366,6 +373,7 @@ impl Device {
             delivered,
             armed,
             dev: self.clone(),
+            destroyed: AtomicBool::new(false),
         })
     }
 
@@ -433,13 +441,31 @@ pub struct PortAttr {
     pub gid: Ipv6Addr,
 }
 
-/// A protection domain.
-#[derive(Debug, Clone)]
+/// A protection domain. Dropping it frees it in the NIC, at once or with
+/// the last region, window or queue pair still in it; a parent domain
+/// dropped lets go of the domain under it.
+#[derive(Debug)]
 pub struct ProtectionDomain {
     dev: Device,
     pd: PdHandle,
     /// A parent domain over `pd` (see [`ProtectionDomain::parent_domain`]).
     parent: bool,
+    /// Freed already ([`ProtectionDomain::dealloc`]).
+    done: AtomicBool,
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        if self.done.load(Ordering::Acquire) {
+            return;
+        }
+        if self.parent {
+            self.release();
+        } else {
+            let pd = self.pd;
+            let _ = self.dev.engine.call(move |st| st.nic.release_pd(pd));
+        }
+    }
 }
 
 impl ProtectionDomain {
@@ -448,12 +474,16 @@ impl ProtectionDomain {
     /// it, nothing can be made in this domain. A parent domain lets go of
     /// the domain under it.
     pub fn dealloc(&self) -> Result<()> {
-        if self.parent {
-            self.release();
+        if self.done.load(Ordering::Acquire) {
             return Ok(());
         }
-        let pd = self.pd;
-        self.dev.engine.call(move |st| st.nic.dealloc_pd(pd))??;
+        if self.parent {
+            self.release();
+        } else {
+            let pd = self.pd;
+            self.dev.engine.call(move |st| st.nic.dealloc_pd(pd))??;
+        }
+        self.done.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -478,8 +508,10 @@ impl ProtectionDomain {
     pub fn parent_domain(&self) -> Result<ProtectionDomain> {
         self.acquire()?;
         Ok(ProtectionDomain {
+            dev: self.dev.clone(),
+            pd: self.pd,
             parent: true,
-            ..self.clone()
+            done: AtomicBool::new(false),
         })
     }
 
@@ -495,10 +527,8 @@ impl ProtectionDomain {
     pub fn hold(&self) -> Result<DomainHold> {
         self.acquire()?;
         Ok(DomainHold {
-            domain: ProtectionDomain {
-                parent: false,
-                ..self.clone()
-            },
+            dev: self.dev.clone(),
+            pd: self.pd,
         })
     }
 
@@ -959,12 +989,14 @@ impl Drop for MemoryWindow {
 /// lets go.
 #[derive(Debug)]
 pub struct DomainHold {
-    domain: ProtectionDomain,
+    dev: Device,
+    pd: PdHandle,
 }
 
 impl Drop for DomainHold {
     fn drop(&mut self) {
-        self.domain.release();
+        let pd = self.pd;
+        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
     }
 }
 
@@ -1024,7 +1056,8 @@ pub struct AddressHandle {
     pub dest: IpAddr,
 }
 
-/// A completion queue.
+/// A completion queue. Dropping it destroys it, at once or, if queue pairs
+/// still complete into it, with the last of them.
 #[derive(Debug)]
 pub struct CompletionQueue {
     cq: CqHandle,
@@ -1033,9 +1066,33 @@ pub struct CompletionQueue {
     /// For run-to-completion: a poll that finds the queue empty takes in
     /// what has arrived itself.
     dev: Device,
+    /// Destroyed in the NIC already: the drop must not destroy the CQ
+    /// made in the same slot since.
+    destroyed: AtomicBool,
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        if !self.destroyed.load(Ordering::Acquire) {
+            let cq = self.cq;
+            let _ = self.dev.call(move |st| st.release_cq(cq));
+        }
+    }
 }
 
 impl CompletionQueue {
+    /// Destroy it now (`ibv_destroy_cq`). Refused while queue pairs
+    /// complete into it ([`VerbError::CqBusy`]); the completions still in
+    /// it go with it.
+    pub fn destroy_now(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let cq = self.cq;
+        self.dev.call(move |st| st.destroy_cq(cq))??;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
     /// Its number, as [`CompletionChannel::get_cq_event`] reports it.
     pub fn id(&self) -> u32 {
         self.cq.0
@@ -1373,13 +1430,7 @@ impl QueuePair {
     /// destroy (QP 0 is never one rnic creates).
     fn destroy_now(&mut self) -> Result<()> {
         let qpn = std::mem::replace(&mut self.qpn, 0);
-        self.dev.call(move |st| {
-            st.qp_spans.remove(&qpn);
-            let cqs = st.nic.qp_cqs(qpn);
-            st.nic.destroy_qp(qpn)?;
-            st.remove_delivered(qpn, cqs);
-            Ok::<(), VerbError>(())
-        })??;
+        self.dev.call(move |st| st.destroy_qp(qpn))??;
         Ok(())
     }
 

@@ -554,7 +554,7 @@ fn a_one_gib_write_arrives_intact() {
 #[test]
 fn the_callers_own_buffer_is_written_in_place_and_given_back() {
     let (a, b) = pair();
-    let pd_b = b._pd.clone();
+    let pd_b = &b._pd;
     let mine: Vec<u8> = (0..1000u32).map(|i| (i % 7) as u8).collect();
     let mr = pd_b
         .register_vec(mine.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)

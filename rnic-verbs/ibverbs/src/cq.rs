@@ -382,6 +382,8 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
     ffi::errno_call(|| {
         // SAFETY: the program's pointer.
         let q = unsafe { Cq::from_c(cq)? };
+        // EBUSY while a QP completes into it, as the kernel refuses.
+        q.cq.destroy_now().map_err(|e| ffi::errno_of(&e))?;
         let id = q.cq.id();
         if !q.channel.is_null() {
             // SAFETY: a channel outlives the CQs on it (destroying it first fails).

@@ -184,7 +184,7 @@ pub(crate) fn errno_of(e: &rnic_verbs::Error) -> i32 {
             VerbError::QueueFull => libc::ENOMEM,
             VerbError::Unsupported(_) => libc::EOPNOTSUPP,
             VerbError::Mem(MemError::PdBusy(_) | MemError::WindowsBound(_)) => libc::EBUSY,
-            VerbError::SrqBusy(_) => libc::EBUSY,
+            VerbError::SrqBusy(_) | VerbError::CqBusy(_) => libc::EBUSY,
             VerbError::Mem(MemError::UnsupportedAccess(_)) => libc::EOPNOTSUPP,
             _ => libc::EINVAL,
         },

@@ -706,6 +706,8 @@ int main(void)
 	CHECK(ibv_destroy_qp(g) == 0 && ibv_destroy_qp(h) == 0 && ibv_destroy_qp(k) == 0);
 	CHECK(ibv_destroy_qp(m) == 0 && ibv_destroy_qp(n) == 0);
 	CHECK(ibv_destroy_cq(small) == 0);
+	/* A CQ a QP completes into is not destroyed (the kernel says EBUSY). */
+	CHECK(ibv_destroy_cq(cq) == EBUSY);
 	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0);
 	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0);
 	/* An SRQ a QP takes its receives from is not destroyed. */
