@@ -121,16 +121,9 @@ pub struct CqTable {
 impl CqTable {
     /// Add `cq`; its handle.
     pub fn insert(&mut self, cq: Cq) -> CqHandle {
-        match self.slots.iter().position(Option::is_none) {
-            Some(i) => {
-                self.slots[i] = Some(cq);
-                CqHandle(i as u32)
-            }
-            None => {
-                self.slots.push(Some(cq));
-                CqHandle(self.slots.len() as u32 - 1)
-            }
-        }
+        let i = crate::mem::free_slot(&mut self.slots);
+        self.slots[i] = Some(cq);
+        CqHandle(i as u32)
     }
 
     /// Remove the queue `h`, if there is one.

@@ -16,7 +16,7 @@ use core::fmt;
 use core::hash::BuildHasherDefault;
 use std::collections::HashMap;
 
-use crate::nic::IdHasher;
+use crate::nic::{Footprint, IdHasher};
 use crate::rng::{Ids, SecretRng};
 
 /// Memory access rights, with the values of `ibv_access_flags`.
@@ -358,6 +358,18 @@ impl Span {
     }
 }
 
+/// A free slot in the table `v` (the first, so the table stays as long as
+/// the most objects alive at once), made if need be.
+pub(crate) fn free_slot<T>(v: &mut Vec<Option<T>>) -> usize {
+    match v.iter().position(Option::is_none) {
+        Some(i) => i,
+        None => {
+            v.push(None);
+            v.len() - 1
+        }
+    }
+}
+
 /// A protection domain: how many regions, windows, QPs and holds use it,
 /// and whether its owner let go of it (it is freed with its last user).
 #[derive(Debug, Clone, Copy)]
@@ -427,38 +439,22 @@ impl Memory {
             .unwrap_or(usize::MAX)
     }
 
-    /// A free slot in `v`, made if need be.
-    fn free_slot<T>(v: &mut Vec<Option<T>>) -> usize {
-        match v.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                v.push(None);
-                v.len() - 1
-            }
+    /// What the tables hold: the memory part of a NIC's [`Footprint`]
+    /// (PD, region and window slots, keys in use and resting).
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            pd_slots: self.pds.len(),
+            key_slots: self.mrs.len() + self.mws.len(),
+            keys: self.mr_slots.len() + self.mw_slots.len(),
+            regions: self.mrs.iter().flatten().count() + self.mws.iter().flatten().count(),
+            resting_ids: self.mr_ids.resting() + self.mw_ids.resting(),
+            ..Footprint::default()
         }
-    }
-
-    /// Table slots held (live or free) for PDs, regions and windows, the
-    /// key indices in use, and the freed ones resting.
-    pub fn slots(&self) -> [usize; 5] {
-        [
-            self.pds.len(),
-            self.mrs.len() + self.mws.len(),
-            self.mr_slots.len() + self.mw_slots.len(),
-            self.mr_ids.resting() + self.mw_ids.resting(),
-            self.mrs.iter().flatten().count() + self.mws.iter().flatten().count(),
-        ]
     }
 
     /// Allocate a protection domain.
     pub fn alloc_pd(&mut self) -> PdHandle {
-        let i = match self.pds.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.pds.push(None);
-                self.pds.len() - 1
-            }
-        };
+        let i = free_slot(&mut self.pds);
         self.pds[i] = Some(Pd {
             users: 0,
             released: false,
@@ -531,7 +527,7 @@ impl Memory {
             .draw(|v| slots.contains_key(&v))
             .ok_or(MemError::InvalidKey(u32::MAX))?;
         let key = self.mr_ids.next_u64() as u8;
-        let index = Self::free_slot(&mut self.mrs);
+        let index = free_slot(&mut self.mrs);
         self.mr_slots.insert(id, index);
         self.mrs[index] = Some(Mr {
             pd,
@@ -541,9 +537,8 @@ impl Memory {
             region,
             windows: 0,
         });
-        if let Ok(p) = self.pd_mut(pd) {
-            p.users += 1;
-        }
+        // The domain was checked above.
+        let _ = self.pd_acquire(pd);
         let k = id << 8 | u32::from(key);
         Ok(MrKeys { lkey: k, rkey: k })
     }
@@ -785,7 +780,7 @@ impl Memory {
             .ok_or(MemError::InvalidKey(u32::MAX))?;
         self.pd_acquire(pd)?;
         let key = self.mw_ids.next_u64() as u8;
-        let index = Self::free_slot(&mut self.mws);
+        let index = free_slot(&mut self.mws);
         self.mw_slots.insert(id, index);
         self.mws[index] = Some(Mw {
             pd,

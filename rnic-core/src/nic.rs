@@ -741,19 +741,16 @@ impl Nic {
 
     /// What the NIC holds now ([`Footprint`]).
     pub fn footprint(&self) -> Footprint {
-        let [pd_slots, key_slots, keys, resting_keys, regions] = self.mem.slots();
+        let mem = self.mem.footprint();
         Footprint {
             qps: self.qps.iter().count(),
             cq_slots: self.cqs.capacity(),
             srq_slots: self.srqs.len(),
-            pd_slots,
-            key_slots,
-            keys,
-            regions,
-            resting_ids: resting_keys + self.qpns.resting(),
+            resting_ids: mem.resting_ids + self.qpns.resting(),
             timers: self.timers.len(),
             packets: self.tx.len() + self.pool.len(),
             queued: self.events.len() + self.busy.len() + self.overrun_cqs.len(),
+            ..mem
         }
     }
 
@@ -1106,13 +1103,7 @@ impl Nic {
             max_sge,
             limit: 0,
         };
-        let i = match self.srqs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                self.srqs.push(None);
-                self.srqs.len() - 1
-            }
-        };
+        let i = crate::mem::free_slot(&mut self.srqs);
         self.srqs[i] = Some(srq);
         Ok(SrqHandle(i as u32))
     }
