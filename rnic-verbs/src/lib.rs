@@ -37,7 +37,7 @@ pub mod rendezvous;
 #[allow(unsafe_code)]
 mod sched;
 #[allow(unsafe_code)]
-mod udp;
+pub mod udp;
 mod watch;
 
 use core::fmt;

@@ -1,6 +1,7 @@
 //! Batched UDP I/O: `recvmmsg` and `sendmmsg`, up to [`BATCH`] datagrams per
 //! system call, where one call per datagram would cost more than the engine
-//! spends on the packet itself.
+//! spends on the packet itself. Public so that a benchmark's raw UDP
+//! baseline makes the same system calls as the engine does.
 //!
 //! Not used, on purpose: UDP GSO. Linux numbers the IPv4 identification of
 //! the segments it cuts from one GSO send 0, 1, 2, ..., and the ICRC covers
@@ -13,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 /// Datagrams per system call.
-pub(crate) const BATCH: usize = 32;
+pub const BATCH: usize = 32;
 
 /// Bytes per receive slot: a 4096-byte PMTU packet with every header fits; a
 /// larger datagram is truncated and reported as such.
@@ -22,7 +23,7 @@ const SLOT: usize = 8192;
 /// Receive buffers and what the last `recv` filled in. The message headers
 /// are built once and point into the struct's own heap buffers, which never
 /// move (they are never resized), so a receive allocates nothing.
-pub(crate) struct RecvBatch {
+pub struct RecvBatch {
     bufs: Vec<u8>,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
@@ -36,7 +37,14 @@ pub(crate) struct RecvBatch {
 // another thread moves them with it, and nothing else refers to them.
 unsafe impl Send for RecvBatch {}
 
+impl Default for RecvBatch {
+    fn default() -> RecvBatch {
+        RecvBatch::new()
+    }
+}
+
 impl RecvBatch {
+    /// Room for [`BATCH`] datagrams of up to 8 KiB each.
     pub fn new() -> RecvBatch {
         let mut b = RecvBatch {
             bufs: vec![0; SLOT * BATCH],
@@ -120,7 +128,7 @@ impl RecvBatch {
 /// allocation (the headers live on the stack, a batch at a time). Returns
 /// how many went; the rest were refused for want of buffer space (the
 /// transport will retransmit them, as after a loss).
-pub(crate) fn send<'a>(
+pub fn send<'a>(
     fd: BorrowedFd<'_>,
     count: usize,
     datagram: impl Fn(usize) -> (SocketAddr, &'a [u8]),

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod dump;
 mod exec;
@@ -85,6 +86,21 @@ enum Command {
         /// (RNIC_IMPAIR does the same for any program on rnic).
         #[arg(long, value_name = "SPEC")]
         impair: Option<rnic_verbs::Impairment>,
+    },
+    /// In one run on loopback: rnic's bandwidth (WRITE, READ, SEND; 1 and 8
+    /// QPs; 64 B to 1 MiB), round trips and message rate beside a TCP
+    /// stream, raw UDP (per call, sendmmsg, GSO/GRO) and UDP and TCP
+    /// ping-pongs; a table, bench.json and bench.png.
+    Bench {
+        /// Where bench.json and bench.png go.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+        /// Seconds per bandwidth figure.
+        #[arg(short = 'D', long, default_value_t = 0.5)]
+        duration: f64,
+        /// Every figure once, small and short (a few seconds).
+        #[arg(long)]
+        quick: bool,
     },
     /// Like ibv_rc_pingpong: with no SERVER, wait for a client; with one,
     /// connect to it. The two exchange endpoints over TCP in ibv_rc_pingpong's
@@ -215,6 +231,7 @@ fn main() -> ExitCode {
                 all_sizes,
                 mtu,
                 json,
+                quiet: false,
                 impair,
             };
             match perf::run(&o) {
@@ -225,6 +242,35 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("rnic perf: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Bench {
+            out,
+            duration,
+            quick,
+        } => {
+            let mut o = if quick {
+                bench::Options::quick(out)
+            } else {
+                bench::Options::full(out)
+            };
+            if !quick {
+                if !(duration.is_finite() && duration > 0.0) {
+                    eprintln!("rnic bench: the duration must be a positive number of seconds");
+                    return ExitCode::from(2);
+                }
+                o.time = std::time::Duration::from_secs_f64(duration);
+            }
+            match bench::run(&o) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("rnic bench: some rnic operations failed");
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("rnic bench: {e}");
                     ExitCode::from(2)
                 }
             }

@@ -96,6 +96,8 @@ pub struct Options {
     pub mtu: Mtu,
     /// Print JSON lines instead of a table.
     pub json: bool,
+    /// No progress bar (a caller that reports progress itself).
+    pub quiet: bool,
     /// Impair each NIC's egress (loss, duplication, reordering, corruption).
     pub impair: Option<rnic_verbs::Impairment>,
 }
@@ -169,6 +171,8 @@ struct Local {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     qps: Vec<QueuePair>,
+    /// Receives for the peer's SENDs have been posted.
+    primed: AtomicBool,
 }
 
 impl Local {
@@ -200,6 +204,7 @@ impl Local {
             scq,
             rcq,
             qps,
+            primed: AtomicBool::new(false),
         })
     }
 
@@ -241,10 +246,10 @@ impl Local {
 
 /// What one direction measured.
 #[derive(Debug, Default, Clone, Copy)]
-struct Bw {
-    messages: u64,
-    bytes: u64,
-    secs: f64,
+pub(crate) struct Bw {
+    pub(crate) messages: u64,
+    pub(crate) bytes: u64,
+    pub(crate) secs: f64,
     peak: f64,
     failures: u64,
 }
@@ -488,15 +493,21 @@ fn ping_pong(
 }
 
 /// Keep receives posted on every QP of `l` (for SENDs from the peer) until
-/// `stop`; count the failed ones.
-fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) -> Res<()> {
+/// `stop`; count the failed ones. Every receive takes the largest message
+/// of the run (the first half of the region), and the first call posts
+/// them: a later size's run reposts what the earlier ones consumed, so that
+/// the queue never holds receives too small for the next size, nor fills up.
+fn refill_receives(l: &Local, stop: &AtomicBool, failed: &AtomicU64) -> Res<()> {
     let per_qp = 512;
-    for qp in &l.qps {
-        for i in 0..per_qp {
-            qp.post_recv(RecvWr {
-                wr_id: i,
-                sg_list: sg_list![l.mr.sge(0, size.max(1))],
-            })?;
+    let len = (l.mr.len() / 2) as u32;
+    if !l.primed.swap(true, Ordering::AcqRel) {
+        for qp in &l.qps {
+            for i in 0..per_qp {
+                qp.post_recv(RecvWr {
+                    wr_id: i,
+                    sg_list: sg_list![l.mr.sge(0, len)],
+                })?;
+            }
         }
     }
     while !stop.load(Ordering::Acquire) {
@@ -513,7 +524,7 @@ fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) 
             if let Some(qp) = l.qps.iter().find(|q| q.qpn() == c.qp_num) {
                 qp.post_recv(RecvWr {
                     wr_id: c.wr_id,
-                    sg_list: sg_list![l.mr.sge(0, size.max(1))],
+                    sg_list: sg_list![l.mr.sge(0, len)],
                 })?;
             }
         }
@@ -522,14 +533,15 @@ fn refill_receives(l: &Local, size: u32, stop: &AtomicBool, failed: &AtomicU64) 
 }
 
 /// The result of one size.
-struct Row {
-    size: u32,
-    bw: Option<Bw>,
-    lat: Option<Vec<Duration>>,
-    failures: u64,
+pub(crate) struct Row {
+    pub(crate) size: u32,
+    pub(crate) bw: Option<Bw>,
+    /// Sorted; for a ping-pong, half of each round trip.
+    pub(crate) lat: Option<Vec<Duration>>,
+    pub(crate) failures: u64,
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -568,7 +580,7 @@ fn measure(
         None => Limit::Messages(o.iterations),
     };
     let label = format!("{} {} B", o.op.name(), size);
-    let bar = if o.json {
+    let bar = if o.json || o.quiet {
         ProgressBar::hidden()
     } else {
         progress(limit, label)
@@ -582,10 +594,10 @@ fn measure(
         let pings = o.latency && o.op.ping_pong();
         if o.op == Op::Send && !pings {
             if let Some((p, _)) = peer {
-                refills.push(s.spawn(|| refill_receives(p, size, &stop, &failed_recvs)));
+                refills.push(s.spawn(|| refill_receives(p, &stop, &failed_recvs)));
             }
             if receives_here {
-                refills.push(s.spawn(|| refill_receives(me, size, &stop, &failed_recvs)));
+                refills.push(s.spawn(|| refill_receives(me, &stop, &failed_recvs)));
             }
         }
         if o.op == Op::Send {
@@ -869,30 +881,62 @@ pub fn run(o: &Options) -> Res<bool> {
     }
 }
 
+/// Two NICs in this process, connected by `o.qps` queue pairs, measured
+/// at every size of `o`; `each` sees every row as it is measured.
+pub(crate) struct LoopbackRun {
+    a: Local,
+    b: Local,
+    to_a: Vec<RemoteBuffer>,
+    to_b: Vec<RemoteBuffer>,
+}
+
+impl LoopbackRun {
+    pub(crate) fn new(o: &Options) -> Res<LoopbackRun> {
+        let (a, b) = (Local::new(o)?, Local::new(o)?);
+        let to_b = a.connect(o, &b.records())?;
+        let to_a = b.connect(o, &a.records())?;
+        Ok(LoopbackRun { a, b, to_a, to_b })
+    }
+
+    /// Measure one size, the first NIC sending.
+    pub(crate) fn measure(&self, o: &Options, size: u32) -> Res<Row> {
+        let roles = Roles {
+            sends: true,
+            peer: Some((&self.b, &self.to_a)),
+            receives_here: o.bidir,
+        };
+        measure(o, size, &self.a, &self.to_b, roles, || Ok(()))
+    }
+
+    /// The two NICs' addresses.
+    pub(crate) fn addrs(&self) -> (IpAddr, IpAddr) {
+        (self.a.dev.addr(), self.b.dev.addr())
+    }
+
+    /// Requests retransmitted by either NIC (after timeouts or sequence NAKs).
+    pub(crate) fn retries(&self) -> Res<u64> {
+        Ok(self.a.dev.counters()?.completer_retry_err + self.b.dev.counters()?.completer_retry_err)
+    }
+}
+
 fn run_loopback(o: &Options) -> Res<bool> {
-    let (a, b) = (Local::new(o)?, Local::new(o)?);
-    let to_b = a.connect(o, &b.records())?;
-    let to_a = b.connect(o, &a.records())?;
+    let run = LoopbackRun::new(o)?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
     print_header(o, &mut out)?;
     let mut rows = Vec::new();
     for size in o.sizes() {
-        let roles = Roles {
-            sends: true,
-            peer: Some((&b, &to_a)),
-            receives_here: o.bidir,
-        };
-        let row = measure(o, size, &a, &to_b, roles, || Ok(()))?;
+        let row = run.measure(o, size)?;
         print_row(o, &row, &mut out)?;
         rows.push(row);
     }
     let ok = rows.iter().all(|r| r.failures == 0);
     if !o.latency {
         let (n, chunk) = baseline_plan(o, &rows);
-        let base = udp_baseline_local(a.dev.addr(), b.dev.addr(), n, chunk)?;
+        let (from, to) = run.addrs();
+        let base = udp_baseline_local(from, to, n, chunk)?;
         print_baseline(o, &rows, base, chunk, &mut out)?;
-        let retries = a.dev.counters()?.completer_retry_err + b.dev.counters()?.completer_retry_err;
+        let retries = run.retries()?;
         if !o.json {
             writeln!(out, " retransmissions (timeouts, sequence NAKs): {retries}")?;
         }
@@ -1100,6 +1144,7 @@ mod tests {
             all_sizes: false,
             mtu: Mtu::Mtu4096,
             json: false,
+            quiet: false,
             impair: None,
         };
         let mut p = Options {

@@ -88,3 +88,79 @@ fn server_and_client_processes_for_every_operation() {
         assert!(text.contains("\"udp_baseline_gbps\""), "{text}");
     }
 }
+
+/// Every size in one run: a receive posted for an earlier, smaller size must
+/// never meet a later, larger SEND (each failed with a length error once).
+#[test]
+fn perf_send_at_every_size_in_one_run() {
+    let out = rnic(&["perf", "send", "-a", "-n", "20", "-m", "4096", "--json"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = text
+        .lines()
+        .filter(|l| l.contains("\"iterations\":20"))
+        .count();
+    assert_eq!(rows, 23, "{text}");
+    assert!(!text.contains("\"ok\":false"), "{text}");
+}
+
+/// `rnic bench --quick`: every figure, the JSON and the chart.
+#[test]
+fn bench_quick_measures_everything() {
+    let dir = std::env::temp_dir().join(format!("rnic-bench-{}", std::process::id()));
+    let out = rnic(&["bench", "--quick", "--out", dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
+    assert_eq!(json["failures"], 0, "{json}");
+    let series = json["bandwidth"].as_array().unwrap();
+    let names: Vec<&str> = series.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    for want in [
+        "TCP stream",
+        "UDP",
+        "UDP sendmmsg",
+        "UDP GSO/GRO",
+        "rnic WRITE 1 QP",
+        "rnic READ 8 QP",
+        "rnic SEND 8 QP",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for s in series {
+        let points = s["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2, "{s}");
+        assert!(
+            points.iter().all(|p| p["gbps"].as_f64().unwrap() > 0.0),
+            "{s}"
+        );
+    }
+    let rtts = json["round_trips_us"].as_array().unwrap();
+    assert_eq!(rtts.len(), 4, "{json}");
+    for x in rtts {
+        let (min, p50, p99) = (
+            x["min"].as_f64().unwrap(),
+            x["p50"].as_f64().unwrap(),
+            x["p99"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= p50 && p50 <= p99, "{x}");
+    }
+    let goals = json["goals"].as_array().unwrap();
+    assert_eq!(goals.len(), 7, "{json}");
+    // The chart, when a font for its labels is installed (tools/run-tests
+    // installs one, and requires it).
+    let font = std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists();
+    if font || std::env::var_os("RNIC_REQUIRE_TOOLS").is_some() {
+        let png = std::fs::read(dir.join("bench.png")).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

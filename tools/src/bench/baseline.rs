@@ -1,0 +1,394 @@
+//! What the kernel's own transports do between the same two loopback
+//! addresses with the same sizes: the figures rnic is compared with, measured
+//! in the same run. Each is what a program written for speed would do:
+//! - a TCP stream, `size`-byte writes;
+//! - raw UDP, one datagram per system call;
+//! - raw UDP, 32 datagrams per `sendmmsg` and `recvmmsg` (the engine's own
+//!   batching code, `rnic_verbs::udp`);
+//! - raw UDP with GSO on send and GRO on receive, 64 KiB per system call;
+//! - UDP and TCP ping-pongs, both sides spinning on a non-blocking socket
+//!   (as `sockperf --nonblocked` does, and as rnic's latency mode polls).
+//!
+//! Throughputs count what the receiver got (UDP drops what it cannot take),
+//! from its first datagram to its last.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::net::sockopt;
+
+/// Longest any baseline waits for a peer before giving up.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Bytes per second a receiver took in.
+fn rate(bytes: u64, first: Option<Instant>, last: Instant) -> f64 {
+    match first {
+        Some(f) if last > f => bytes as f64 / (last - f).as_secs_f64(),
+        _ => 0.0,
+    }
+}
+
+/// A TCP connection from `from` to a listener on `to`: (client, server).
+fn tcp_pair(from: IpAddr, to: IpAddr) -> io::Result<(TcpStream, TcpStream)> {
+    let listener = TcpListener::bind(SocketAddr::new(to, 0))?;
+    let dest = listener.local_addr()?;
+    let family = match from {
+        IpAddr::V4(_) => rustix::net::AddressFamily::INET,
+        IpAddr::V6(_) => rustix::net::AddressFamily::INET6,
+    };
+    let fd = rustix::net::socket(family, rustix::net::SocketType::STREAM, None)?;
+    rustix::net::bind(&fd, &SocketAddr::new(from, 0))?;
+    rustix::net::connect(&fd, &dest)?;
+    let client = TcpStream::from(fd);
+    let (server, _) = listener.accept()?;
+    for s in [&client, &server] {
+        sockopt::set_tcp_nodelay(s, true)?;
+    }
+    Ok((client, server))
+}
+
+/// A TCP stream: `size`-byte writes for `time`; the receiver's bytes per second.
+pub fn tcp_stream(from: IpAddr, to: IpAddr, size: usize, time: Duration) -> io::Result<f64> {
+    let (mut tx, mut rx) = tcp_pair(from, to)?;
+    sockopt::set_tcp_nodelay(&tx, false)?;
+    rx.set_read_timeout(Some(PATIENCE))?;
+    let sender = std::thread::spawn(move || -> io::Result<()> {
+        let buf = vec![0x5Au8; size];
+        let start = Instant::now();
+        while start.elapsed() < time {
+            tx.write_all(&buf)?;
+        }
+        tx.shutdown(std::net::Shutdown::Write)
+    });
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut bytes, mut first, mut last) = (0u64, None, Instant::now());
+    loop {
+        let n = rx.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        last = Instant::now();
+        if first.is_none() {
+            // Time from the first bytes, which are not counted.
+            first = Some(last);
+        } else {
+            bytes += n as u64;
+        }
+    }
+    sender
+        .join()
+        .map_err(|_| io::Error::other("the sender panicked"))??;
+    Ok(rate(bytes, first, last))
+}
+
+/// How a UDP baseline moves its datagrams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Udp {
+    /// One `send_to` and one `recv` per datagram.
+    PerCall,
+    /// `sendmmsg` and `recvmmsg`, 32 datagrams per call.
+    Batched,
+    /// GSO: up to 64 segments (64 KiB) per `send`; GRO on the receiver.
+    Segmented,
+}
+
+/// Largest UDP payload of one GSO send.
+const GSO_MAX: usize = 65000;
+
+/// Set an integer option at the UDP level (UDP_SEGMENT, UDP_GRO), which
+/// neither std nor rustix wraps.
+#[allow(unsafe_code)]
+fn set_udp_option(s: &impl AsFd, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, which outlives the
+    // call; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_fd().as_raw_fd(),
+            libc::SOL_UDP,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Raw UDP: datagrams of `dgram` bytes for `time`, sent as `how` says; the
+/// receiver's bytes per second and datagrams per second.
+pub fn udp_stream(
+    from: IpAddr,
+    to: IpAddr,
+    dgram: usize,
+    how: Udp,
+    time: Duration,
+) -> io::Result<(f64, f64)> {
+    let rx = UdpSocket::bind(SocketAddr::new(to, 0))?;
+    let dest = rx.local_addr()?;
+    let _ = sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
+    if how == Udp::Segmented {
+        set_udp_option(&rx, libc::UDP_GRO, 1)?;
+    }
+    let tx = UdpSocket::bind(SocketAddr::new(from, 0))?;
+    let _ = sockopt::set_socket_send_buffer_size(&tx, 4 << 20);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let r = udp_send(&tx, dest, dgram, how, time);
+            done.store(true, Ordering::Release);
+            r
+        });
+        let got = udp_receive(&rx, dgram, how, &done);
+        sender
+            .join()
+            .map_err(|_| io::Error::other("the sender panicked"))??;
+        got
+    })
+}
+
+fn udp_send(
+    tx: &UdpSocket,
+    to: SocketAddr,
+    dgram: usize,
+    how: Udp,
+    time: Duration,
+) -> io::Result<()> {
+    let per_call = match how {
+        Udp::Segmented if dgram < GSO_MAX => {
+            set_udp_option(tx, libc::UDP_SEGMENT, dgram as libc::c_int)?;
+            (GSO_MAX / dgram).min(64) * dgram
+        }
+        _ => dgram,
+    };
+    let buf = vec![0x5Au8; per_call];
+    let start = Instant::now();
+    while start.elapsed() < time {
+        let sent = match how {
+            Udp::PerCall | Udp::Segmented => tx.send_to(&buf, to).map(|_| 1),
+            Udp::Batched => {
+                rnic_verbs::udp::send(tx.as_fd(), rnic_verbs::udp::BATCH, |_| (to, &buf[..]))
+            }
+        };
+        // A full socket buffer: let the receiver catch up.
+        if !matches!(sent, Ok(n) if n > 0) {
+            std::thread::yield_now();
+        }
+    }
+    Ok(())
+}
+
+fn udp_receive(
+    rx: &UdpSocket,
+    dgram: usize,
+    how: Udp,
+    done: &AtomicBool,
+) -> io::Result<(f64, f64)> {
+    let (mut bytes, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
+    let mut count = |n: usize, first: &mut Option<Instant>, last: &mut Instant| {
+        *last = Instant::now();
+        if first.is_none() {
+            *first = Some(*last);
+        } else {
+            bytes += n as u64;
+        }
+    };
+    let begun = Instant::now();
+    let mut batch = rnic_verbs::udp::RecvBatch::new();
+    let mut buf = vec![0u8; 1 << 16];
+    rx.set_read_timeout(Some(Duration::from_millis(20)))?;
+    loop {
+        let quiet = match how {
+            Udp::PerCall | Udp::Segmented => match rx.recv(&mut buf) {
+                Ok(n) => {
+                    count(n, &mut first, &mut last);
+                    false
+                }
+                Err(_) => true,
+            },
+            Udp::Batched => {
+                let n = batch.recv(rx.as_fd())?;
+                for i in 0..n {
+                    if let Some((d, _)) = batch.get(i) {
+                        count(d.len(), &mut first, &mut last);
+                    }
+                }
+                if n == 0 {
+                    let mut fds = [rustix::event::PollFd::new(rx, rustix::event::PollFlags::IN)];
+                    let t = rustix::event::Timespec {
+                        tv_sec: 0,
+                        tv_nsec: 20_000_000,
+                    };
+                    rustix::event::poll(&mut fds, Some(&t))? == 0
+                } else {
+                    false
+                }
+            }
+        };
+        if quiet && done.load(Ordering::Acquire) {
+            break;
+        }
+        if first.is_none() && begun.elapsed() > PATIENCE {
+            return Err(io::Error::other("no datagram arrived"));
+        }
+    }
+    let bps = rate(bytes, first, last);
+    Ok((bps, bps / dgram as f64))
+}
+
+/// Which socket a ping-pong bounces its message over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PingPong {
+    /// Two UDP sockets.
+    Udp,
+    /// One TCP connection (TCP_NODELAY).
+    Tcp,
+}
+
+/// Round trips of a `size`-byte message, `n` of them after `n / 10` to warm
+/// up, both sides spinning on non-blocking sockets; sorted.
+pub fn ping_pong(
+    from: IpAddr,
+    to: IpAddr,
+    size: usize,
+    n: usize,
+    over: PingPong,
+) -> io::Result<Vec<Duration>> {
+    let warm = n / 10;
+    let (mut a, mut b): (Box<dyn Bouncer>, Box<dyn Bouncer>) = match over {
+        PingPong::Udp => {
+            let a = UdpSocket::bind(SocketAddr::new(from, 0))?;
+            let b = UdpSocket::bind(SocketAddr::new(to, 0))?;
+            a.connect(b.local_addr()?)?;
+            b.connect(a.local_addr()?)?;
+            (Box::new(a), Box::new(b))
+        }
+        PingPong::Tcp => {
+            let (a, b) = tcp_pair(from, to)?;
+            (Box::new(a), Box::new(b))
+        }
+    };
+    a.nonblocking()?;
+    b.nonblocking()?;
+    std::thread::scope(|s| {
+        let echo = s.spawn(move || -> io::Result<()> {
+            let mut buf = vec![0u8; size];
+            for _ in 0..warm + n {
+                b.take(&mut buf)?;
+                b.put(&buf)?;
+            }
+            Ok(())
+        });
+        let mut buf = vec![0x5Au8; size];
+        let mut rtts = Vec::with_capacity(n);
+        let mine = (|| -> io::Result<()> {
+            for i in 0..warm + n {
+                let t = Instant::now();
+                a.put(&buf)?;
+                a.take(&mut buf)?;
+                if i >= warm {
+                    rtts.push(t.elapsed());
+                }
+            }
+            Ok(())
+        })();
+        let theirs = echo
+            .join()
+            .map_err(|_| io::Error::other("the echo panicked"))?;
+        mine.and(theirs)?;
+        rtts.sort();
+        Ok(rtts)
+    })
+}
+
+/// One end of a ping-pong: send a whole message, spin until one has come.
+trait Bouncer: Send {
+    fn nonblocking(&mut self) -> io::Result<()>;
+    fn put(&mut self, m: &[u8]) -> io::Result<()>;
+    fn take(&mut self, m: &mut [u8]) -> io::Result<()>;
+}
+
+/// Spin on `f` until it does something, for at most [`PATIENCE`].
+fn spin<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tries = tries.wrapping_add(1);
+                if tries % 1024 == 0 && start.elapsed() > PATIENCE {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer went quiet",
+                    ));
+                }
+                std::hint::spin_loop();
+            }
+            other => return other,
+        }
+    }
+}
+
+impl Bouncer for UdpSocket {
+    fn nonblocking(&mut self) -> io::Result<()> {
+        self.set_nonblocking(true)
+    }
+    fn put(&mut self, m: &[u8]) -> io::Result<()> {
+        spin(|| self.send(m)).map(drop)
+    }
+    fn take(&mut self, m: &mut [u8]) -> io::Result<()> {
+        spin(|| self.recv(m)).map(drop)
+    }
+}
+
+impl Bouncer for TcpStream {
+    fn nonblocking(&mut self) -> io::Result<()> {
+        self.set_nonblocking(true)
+    }
+    fn put(&mut self, m: &[u8]) -> io::Result<()> {
+        let mut at = 0;
+        while at < m.len() {
+            at += spin(|| self.write(&m[at..]))?;
+        }
+        Ok(())
+    }
+    fn take(&mut self, m: &mut [u8]) -> io::Result<()> {
+        let mut at = 0;
+        while at < m.len() {
+            match spin(|| self.read(&mut m[at..]))? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                k => at += k,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+    #[test]
+    fn every_baseline_moves_data() {
+        let t = Duration::from_millis(50);
+        assert!(tcp_stream(A, B, 4096, t).unwrap() > 0.0);
+        for how in [Udp::PerCall, Udp::Batched, Udp::Segmented] {
+            let (bps, pps) = udp_stream(A, B, 1024, how, t).unwrap();
+            assert!(bps > 0.0 && pps > 0.0, "{how:?}");
+        }
+        for over in [PingPong::Udp, PingPong::Tcp] {
+            let rtts = ping_pong(A, B, 64, 100, over).unwrap();
+            assert_eq!(rtts.len(), 100);
+            assert!(rtts[0] <= rtts[99]);
+        }
+    }
+}
