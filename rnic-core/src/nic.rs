@@ -412,6 +412,10 @@ pub struct Nic {
     timers: Timers,
     /// The latest time an event brought.
     now: Time,
+    /// Packets every QP together has unacknowledged ([`Ctx::inflight`]).
+    inflight: u32,
+    /// QPs waiting for room in the NIC's budget ([`Ctx::starved`]).
+    starved: VecDeque<u32>,
 }
 
 impl fmt::Debug for Nic {
@@ -456,6 +460,8 @@ impl Nic {
             srqs: Vec::new(),
             events: VecDeque::new(),
             busy: VecDeque::new(),
+            inflight: 0,
+            starved: VecDeque::new(),
             overrun_cqs: Vec::new(),
             timers: Timers::new(),
             now: Time::ZERO,
@@ -489,6 +495,8 @@ impl Nic {
             pool,
             timers,
             now: latest,
+            inflight,
+            starved,
             ..
         } = self;
         *latest = now.max(*latest);
@@ -508,6 +516,8 @@ impl Nic {
             overrun_cqs,
             pool,
             timers,
+            inflight,
+            starved,
         };
         (qps, ctx)
     }
@@ -534,6 +544,32 @@ impl Nic {
                     ctx.events.push_back(AsyncEvent::QpFatal(qp.qpn));
                     qp.enter_error(&mut ctx);
                 }
+            }
+        }
+        self.serve_starved();
+        debug_assert_eq!(
+            self.inflight,
+            self.qps.iter_mut().map(|q| q.counted).sum::<u32>(),
+            "the NIC's in-flight count is the sum of its QPs'"
+        );
+    }
+
+    /// Let QPs the NIC's budget held back go on, in turn, while there is
+    /// room (each once per event: one that fills the room again waits for
+    /// the next).
+    fn serve_starved(&mut self) {
+        let now = self.now;
+        for _ in 0..self.starved.len() {
+            if self.inflight >= crate::rc::NIC_INFLIGHT_PKTS {
+                break;
+            }
+            let Some(qpn) = self.starved.pop_front() else {
+                break;
+            };
+            let (qps, mut ctx) = self.parts(now);
+            if let Some(qp) = qps.get_mut(qpn) {
+                qp.starved = false;
+                qp.req_poll(&mut ctx);
             }
         }
     }
@@ -896,6 +932,10 @@ impl Nic {
             }
         }
         self.busy.retain(|&q| q != qpn);
+        // What it had in flight frees room for the others.
+        self.inflight = self.inflight.saturating_sub(qp.counted);
+        self.starved.retain(|&q| q != qpn);
+        self.settle();
         Ok(())
     }
 

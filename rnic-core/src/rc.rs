@@ -36,6 +36,11 @@ pub(crate) struct Ctx<'a> {
     pub overrun_cqs: &'a mut Vec<CqHandle>,
     /// Buffers to build packets in ([`crate::Nic::recycle`]).
     pub pool: &'a mut Vec<Vec<u8>>,
+    /// Packets every QP together may still send before the NIC's budget
+    /// ([`NIC_INFLIGHT_PKTS`]) is spent: the sum of [`Qp::counted`].
+    pub inflight: &'a mut u32,
+    /// QPs held back by the NIC's budget, in the order they go on.
+    pub starved: &'a mut VecDeque<u32>,
     /// The NIC's timers: a QP that sets a deadline adds it here.
     pub timers: &'a mut Timers,
 }
@@ -258,6 +263,15 @@ pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 /// opens its congestion window after a retransmission timeout.
 pub(crate) const RECOVERY_WINDOW: u32 = 16;
 
+/// The largest number of packets all of a NIC's requesters together have
+/// unacknowledged at once: one QP's window. Without it, a thousand QPs with
+/// two 64 KiB WRITEs each in flight put 32,000 packets on the way at once,
+/// far more than the receiving socket holds (about 1,000 of 4 KiB): most
+/// were dropped and resent, and the aggregate fell to half of one QP's. A
+/// QP the budget holds back waits in [`Ctx::starved`], and the NIC lets it
+/// go on, in turn, as acknowledgements free room.
+pub(crate) const NIC_INFLIGHT_PKTS: u32 = MAX_INFLIGHT_PKTS;
+
 /// Inside a long message, every this many packets asks for an ACK (as
 /// rdma_rxe does every 64): without it a message longer than the in-flight
 /// window would wait for an ACK nobody was asked for, time out, and resend
@@ -300,6 +314,11 @@ pub(crate) struct Qp {
     /// Packets that may be unacknowledged now: `MAX_INFLIGHT_PKTS`, or less
     /// after a local ACK timeout (see [`RECOVERY_WINDOW`]).
     pub window: u32,
+    /// What this QP adds to the NIC's [`Ctx::inflight`]: its unacknowledged
+    /// packets when it last sent or heard, 0 outside RTS and SQD.
+    pub counted: u32,
+    /// Waiting in [`Ctx::starved`].
+    pub starved: bool,
 
     // Responder.
     pub rq: VecDeque<RecvWr>,
@@ -356,6 +375,8 @@ impl Qp {
             timer_at: None,
             retry_started: false,
             window: MAX_INFLIGHT_PKTS,
+            counted: 0,
+            starved: false,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),
@@ -590,6 +611,7 @@ impl Qp {
         self.attr.qp_state = QpState::Err;
         self.attr.cur_qp_state = QpState::Err;
         self.flush(ctx);
+        self.recount(ctx);
     }
 
     /// Back to RESET (`rxe_qp_reset`): the queues are emptied without a
@@ -616,6 +638,9 @@ impl Qp {
         // Still in the NIC's busy list if it was: keep the flag saying so,
         // or a new response would add it a second time.
         fresh.busy = self.busy;
+        // Likewise in the starved list; and what it had in flight is gone.
+        fresh.starved = self.starved;
+        *ctx.inflight = ctx.inflight.saturating_sub(self.counted);
         *self = fresh;
     }
 

@@ -4,14 +4,38 @@
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::QpState;
-use crate::rc::{gather, Ctx, Qp, ACK_EVERY};
+use crate::rc::{gather, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS};
 use crate::srq::AsyncEvent;
 use crate::time::{local_ack_timeout, Time};
 use crate::wr::{SendOp, WcStatus};
 
 impl Qp {
-    /// Send what the window allows.
+    /// Send what the window and the NIC's budget allow, and count what is
+    /// now unacknowledged towards the budget.
     pub(crate) fn req_poll(&mut self, ctx: &mut Ctx<'_>) {
+        self.send_what_fits(ctx);
+        self.recount(ctx);
+    }
+
+    /// Packets sent and not yet acknowledged (up to where sending resumes).
+    fn outstanding(&self) -> u32 {
+        match self.state() {
+            QpState::Rts | QpState::Sqd => self.first_psn_of_next().forward_from(self.una),
+            _ => 0,
+        }
+    }
+
+    /// Bring this QP's part of the NIC's in-flight count up to date.
+    pub(crate) fn recount(&mut self, ctx: &mut Ctx<'_>) {
+        let now = self.outstanding();
+        *ctx.inflight = ctx
+            .inflight
+            .saturating_sub(self.counted)
+            .saturating_add(now);
+        self.counted = now;
+    }
+
+    fn send_what_fits(&mut self, ctx: &mut Ctx<'_>) {
         let draining = match self.state() {
             QpState::Rts => false,
             QpState::Sqd => true,
@@ -23,9 +47,19 @@ impl Qp {
             }
             self.rnr_until = None;
         }
+        // What the other QPs have in flight leaves this one the rest.
+        let others = ctx.inflight.saturating_sub(self.counted);
+        let budget = NIC_INFLIGHT_PKTS.saturating_sub(others);
         while self.next_wqe < self.sq.len() {
             let outstanding = self.first_psn_of_next().forward_from(self.una);
             if outstanding >= self.window {
+                break;
+            }
+            if outstanding >= budget {
+                if !self.starved {
+                    self.starved = true;
+                    ctx.starved.push_back(self.qpn);
+                }
                 break;
             }
             let w = &self.sq[self.next_wqe];

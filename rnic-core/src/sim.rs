@@ -448,6 +448,11 @@ impl Network {
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
     }
+
+    /// Datagrams from `src` still in flight.
+    pub fn in_flight_from(&self, src: IpAddr) -> usize {
+        self.datagrams.values().filter(|d| d.src == src).count()
+    }
 }
 
 /// NICs on a simulated network, driven event by event on the virtual clock.
