@@ -552,6 +552,12 @@ impl Nic {
             self.qps.iter_mut().map(|q| q.counted).sum::<u32>(),
             "the NIC's in-flight count is the sum of its QPs'"
         );
+        debug_assert!(
+            self.qps
+                .iter_mut()
+                .all(|q| q.counted == 0 || matches!(q.state(), QpState::Rts | QpState::Sqd)),
+            "a QP that cannot send holds none of the NIC's budget"
+        );
     }
 
     /// Let QPs the NIC's budget held back go on, in turn, while there is
