@@ -3,7 +3,7 @@
 
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
-use crate::qp::QpState;
+use crate::qp::{QpState, QpType};
 use crate::rc::{gather, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS};
 use crate::srq::AsyncEvent;
 use crate::time::{local_ack_timeout, Time};
@@ -18,9 +18,12 @@ impl Qp {
     }
 
     /// Packets sent and not yet acknowledged (up to where sending resumes).
+    /// Only RC waits for acknowledgements; UC and UD count nothing.
     fn outstanding(&self) -> u32 {
         match self.state() {
-            QpState::Rts | QpState::Sqd => self.first_psn_of_next().forward_from(self.una),
+            QpState::Rts | QpState::Sqd if self.qp_type == QpType::Rc => {
+                self.first_psn_of_next().forward_from(self.una)
+            }
             _ => 0,
         }
     }
