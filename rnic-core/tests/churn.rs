@@ -6,79 +6,46 @@
 
 use std::time::Duration;
 
-use rnic_core::mem::Access;
-use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
+use rnic_core::qp::{Mtu, QpType};
 use rnic_core::rng::QUARANTINE;
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::wr::{sg_list, SendOp, SendWr, Sge, WcStatus};
 use rnic_core::{Footprint, Nic, QpCaps, VerbError};
 
-const IOVA: u64 = 0x1000_0000;
+mod common;
+use common::{connected, Params, A_IOVA, B_IOVA};
 
-/// One connection's life on NICs `a` and `b`: PD, region, CQ and QP on
-/// each, connected; a WRITE from `a` to `b`, run to its completion if
+/// One connection's life on NICs `a` and `b`: PD, 4 KiB region, CQ and QP
+/// on each, connected; a WRITE from `a` to `b`, run to its completion if
 /// `finish` (else left in flight, timers armed); then everything destroyed
 /// in the order a program does it.
 fn cycle(c: &mut Cluster, i: u64, finish: bool) {
+    let p = Params {
+        mtu: Mtu::Mtu1024,
+        // 67 ms: the ACK timer of a QP destroyed in flight outlives it.
+        timeout: 14,
+        cq_depth: 16,
+        region: 4096,
+        ..Params::default()
+    };
+    let psn = (i as u32).wrapping_mul(7919) & 0xFF_FFFF;
+    let (a, b) = connected(c, &p, (psn, psn), (0, 1));
     let now = c.now;
-    let mut ends = Vec::new();
-    for n in 0..2 {
-        let nic = &mut c.nics[n];
-        let pd = nic.alloc_pd();
-        let cq = nic.create_cq(16);
-        let qpn = nic
-            .create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
-            .unwrap();
-        let mr = nic
-            .reg_mr(
-                pd,
-                IOVA,
-                Box::new(vec![n as u8; 4096]),
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            )
-            .unwrap();
-        ends.push((pd, cq, qpn, mr));
-    }
-    for n in 0..2 {
-        let peer = ends[1 - n];
-        let attr = QpAttr {
-            qp_access_flags: Access::REMOTE_WRITE,
-            ah_attr: Some(AddressVector {
-                dest: c.nics[1 - n].addr(),
-                traffic_class: 0,
-                hop_limit: 64,
-                flow_label: 0,
-            }),
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: peer.2,
-            rq_psn: (i as u32).wrapping_mul(7919) & 0xFF_FFFF,
-            sq_psn: (i as u32).wrapping_mul(7919) & 0xFF_FFFF,
-            // 67 ms: the ACK timer of a QP destroyed in flight outlives it.
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            max_dest_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        c.nics[n].to_rts(now, ends[n].2, &attr).unwrap();
-    }
-    let (a, b) = (ends[0], ends[1]);
     c.nics[0]
         .post_send(
             now,
-            a.2,
+            a.qpn,
             SendWr {
                 wr_id: i,
                 op: SendOp::Write {
-                    remote_addr: IOVA + (i % 2048),
-                    rkey: b.3.rkey,
+                    remote_addr: B_IOVA + (i % 2048),
+                    rkey: b.mr.rkey,
                     imm: None,
                 },
                 sg_list: sg_list![Sge {
-                    addr: IOVA,
+                    addr: A_IOVA,
                     length: 2048,
-                    lkey: a.3.lkey,
+                    lkey: a.mr.lkey,
                 }],
                 signaled: true,
                 solicited: false,
@@ -89,20 +56,20 @@ fn cycle(c: &mut Cluster, i: u64, finish: bool) {
         .unwrap();
     if finish {
         assert!(c.run(c.now + Duration::from_secs(1), 10_000));
-        let done = c.nics[0].poll_cq(a.1, 16).unwrap();
+        let done = c.nics[0].poll_cq(a.cq, 16).unwrap();
         assert_eq!(done.len(), 1);
         assert_eq!((done[0].wr_id, done[0].status), (i, WcStatus::Success));
     } else {
         c.flush();
     }
-    for (n, (pd, cq, qpn, mr)) in ends.into_iter().enumerate() {
+    for (n, side) in [a, b].into_iter().enumerate() {
         let nic = &mut c.nics[n];
         // A CQ is destroyed after its QPs, as verbs requires.
-        assert!(matches!(nic.destroy_cq(cq), Err(VerbError::CqBusy(_))));
-        nic.destroy_qp(qpn).unwrap();
-        nic.destroy_cq(cq).unwrap();
-        nic.dereg_mr(mr.lkey).unwrap();
-        nic.dealloc_pd(pd).unwrap();
+        assert!(matches!(nic.destroy_cq(side.cq), Err(VerbError::CqBusy(_))));
+        nic.destroy_qp(side.qpn).unwrap();
+        nic.destroy_cq(side.cq).unwrap();
+        nic.dereg_mr(side.mr.lkey).unwrap();
+        nic.dealloc_pd(side.pd).unwrap();
     }
     // What was in flight arrives to nothing, and the clock moves past the
     // dead QPs' timers.

@@ -47,6 +47,8 @@ pub struct Params {
     pub qp_type: QpType,
     /// Entries in each side's CQ.
     pub cq_depth: usize,
+    /// Bytes in each side's region.
+    pub region: usize,
 }
 
 impl Default for Params {
@@ -65,11 +67,13 @@ impl Default for Params {
             b_qp_access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
             qp_type: QpType::Rc,
             cq_depth: 4096,
+            region: REGION,
         }
     }
 }
 
-fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, p: &Params) -> Side {
+/// PD, CQ, QP and a region of `p.region` bytes of `fill` on NIC `i`.
+fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, p: &Params, fill: u8) -> Side {
     let qp_type = p.qp_type;
     let nic = &mut c.nics[i];
     let pd = nic.alloc_pd();
@@ -78,7 +82,7 @@ fn side(c: &mut Cluster, i: usize, iova: u64, access: Access, p: &Params) -> Sid
         .create_qp(pd, qp_type, cq, cq, QpCaps::default())
         .unwrap();
     let mr = nic
-        .reg_mr(pd, iova, Box::new(vec![0u8; REGION]), access)
+        .reg_mr(pd, iova, Box::new(vec![fill; p.region]), access)
         .unwrap();
     Side { pd, cq, qpn, mr }
 }
@@ -117,28 +121,29 @@ fn connect(
     c.nics[i].to_rts(now, me.qpn, &attr).unwrap();
 }
 
+/// A QP on NIC 0 (A) connected to one on NIC 1 (B) as `p` says, each
+/// with its region ([`A_IOVA`], [`B_IOVA`]) full of its `fills` byte, A
+/// sending from PSN `a_psn` and B from `b_psn`.
+pub fn connected(
+    c: &mut Cluster,
+    p: &Params,
+    (a_psn, b_psn): (u32, u32),
+    fills: (u8, u8),
+) -> (Side, Side) {
+    let a_access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let a = side(c, 0, A_IOVA, a_access, p, fills.0);
+    let b = side(c, 1, B_IOVA, p.b_access, p, fills.1);
+    let a_qp_access = Access::REMOTE_WRITE | Access::REMOTE_READ;
+    connect(c, 0, &a, &b, p, a_qp_access, (a_psn, b_psn));
+    connect(c, 1, &b, &a, p, p.b_qp_access, (b_psn, a_psn));
+    (a, b)
+}
+
 impl Pair {
     /// A's PSNs start just below the 24-bit wrap, so every run crosses it.
     pub fn new(seed: u64, p: &Params) -> Pair {
         let mut c = Cluster::new(seed, p.link, 2);
-        let a = side(
-            &mut c,
-            0,
-            A_IOVA,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-            p,
-        );
-        let b = side(&mut c, 1, B_IOVA, p.b_access, p);
-        connect(
-            &mut c,
-            0,
-            &a,
-            &b,
-            p,
-            Access::REMOTE_WRITE | Access::REMOTE_READ,
-            (0xFF_FFF0, 0x00_b000),
-        );
-        connect(&mut c, 1, &b, &a, p, p.b_qp_access, (0x00_b000, 0xFF_FFF0));
+        let (a, b) = connected(&mut c, p, (0xFF_FFF0, 0x00_b000), (0, 0));
         c.nics[1].record_executions();
         Pair { c, a, b }
     }
@@ -209,7 +214,7 @@ impl Pair {
         // memory, so fill A's buffer by re-registering a prepared region.
         let nic = &mut self.c.nics[0];
         let region = nic.dereg_mr(self.a.mr.lkey).unwrap();
-        let mut bytes = vec![0u8; REGION];
+        let mut bytes = vec![0u8; region.len()];
         region.read(0, &mut bytes);
         bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         self.a.mr = nic
