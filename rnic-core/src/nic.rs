@@ -549,12 +549,12 @@ impl Nic {
         self.serve_starved();
         debug_assert_eq!(
             self.inflight,
-            self.qps.iter_mut().map(|q| q.counted).sum::<u32>(),
+            self.qps.iter().map(|q| q.counted).sum::<u32>(),
             "the NIC's in-flight count is the sum of its QPs'"
         );
         debug_assert!(
             self.qps
-                .iter_mut()
+                .iter()
                 .all(|q| q.counted == 0 || matches!(q.state(), QpState::Rts | QpState::Sqd)),
             "a QP that cannot send holds none of the NIC's budget"
         );

@@ -36,8 +36,8 @@ pub(crate) struct Ctx<'a> {
     pub overrun_cqs: &'a mut Vec<CqHandle>,
     /// Buffers to build packets in ([`crate::Nic::recycle`]).
     pub pool: &'a mut Vec<Vec<u8>>,
-    /// Packets every QP together may still send before the NIC's budget
-    /// ([`NIC_INFLIGHT_PKTS`]) is spent: the sum of [`Qp::counted`].
+    /// Packets every QP together has unacknowledged, the sum of
+    /// [`Qp::counted`]: at most [`NIC_INFLIGHT_PKTS`] leaves room to send.
     pub inflight: &'a mut u32,
     /// QPs held back by the NIC's budget, in the order they go on.
     pub starved: &'a mut VecDeque<u32>,

@@ -881,8 +881,8 @@ pub fn run(o: &Options) -> Res<bool> {
     }
 }
 
-/// Two NICs in this process, connected by `o.qps` queue pairs, measured
-/// at every size of `o`; `each` sees every row as it is measured.
+/// Two NICs in this process, connected by `o.qps` queue pairs, the first
+/// sending to the second, one size at a time.
 pub(crate) struct LoopbackRun {
     a: Local,
     b: Local,
