@@ -35,7 +35,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Op::Write => "write",
             Op::Read => "read",
@@ -252,6 +252,18 @@ pub(crate) struct Bw {
     pub(crate) secs: f64,
     peak: f64,
     failures: u64,
+}
+
+impl Bw {
+    /// Average payload bytes per second.
+    pub(crate) fn bytes_per_sec(&self) -> f64 {
+        self.bytes as f64 / self.secs
+    }
+
+    /// Average messages per second.
+    pub(crate) fn messages_per_sec(&self) -> f64 {
+        self.messages as f64 / self.secs
+    }
 }
 
 fn wr(op: Op, local: &MemoryRegion, remote: &RemoteBuffer, id: u64, size: u32) -> SendWr {
@@ -747,7 +759,7 @@ fn baseline_plan(o: &Options, rows: &[Row]) -> (u64, usize) {
     (bytes.div_ceil(chunk as u64).max(1000), chunk)
 }
 
-fn gbit(bytes_per_sec: f64) -> f64 {
+pub(crate) fn gbit(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
@@ -818,8 +830,8 @@ fn print_row(o: &Options, r: &Row, out: &mut impl Write) -> io::Result<()> {
             )
         }
     } else if let Some(b) = r.bw {
-        let avg = b.bytes as f64 / b.secs;
-        let mpps = b.messages as f64 / b.secs / 1e6;
+        let avg = b.bytes_per_sec();
+        let mpps = b.messages_per_sec() / 1e6;
         if o.json {
             writeln!(
                 out,
@@ -853,7 +865,7 @@ fn print_baseline(
     let best = rows
         .iter()
         .filter(|r| r.size == size)
-        .filter_map(|r| r.bw.map(|b| b.bytes as f64 / b.secs))
+        .filter_map(|r| r.bw.map(|b| b.bytes_per_sec()))
         .fold(0.0f64, f64::max);
     let ratio = if base > 0.0 { best / base } else { 0.0 };
     if o.json {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rnic_verbs::{Access, Backing, ConnectOptions, Device, Mtu, QpCaps, QpType};
 
-use crate::perf::{self, LoopbackRun};
+use crate::perf::{self, gbit, LoopbackRun};
 use baseline::{PingPong, Udp};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -114,6 +114,24 @@ pub struct Goal {
 }
 
 impl Goal {
+    /// The ratio must reach `goal` (bandwidth, rate).
+    fn at_least(what: String, ratio: f64, goal: f64) -> Goal {
+        Goal {
+            what,
+            ratio,
+            goal,
+            at_least: true,
+        }
+    }
+
+    /// The ratio must stay within `goal` (time, memory).
+    fn at_most(what: String, ratio: f64, goal: f64) -> Goal {
+        Goal {
+            at_least: false,
+            ..Goal::at_least(what, ratio, goal)
+        }
+    }
+
     fn met(&self) -> bool {
         if self.at_least {
             self.ratio >= self.goal
@@ -121,6 +139,19 @@ impl Goal {
             self.ratio <= self.goal
         }
     }
+}
+
+/// A figure with no size.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    /// What the goals and the JSON know it by.
+    pub key: &'static str,
+    /// What it is, in words.
+    pub what: String,
+    /// Its value, in `unit`.
+    pub value: f64,
+    /// Its unit.
+    pub unit: &'static str,
 }
 
 /// Everything one run measured.
@@ -133,7 +164,7 @@ pub struct Report {
     /// 64-byte round trips.
     pub round_trips: Vec<RoundTrip>,
     /// Figures with no size: many QPs, memory per QP, registration.
-    pub other: Vec<(String, f64, String)>,
+    pub other: Vec<Figure>,
     /// The goals.
     pub goals: Vec<Goal>,
     /// Operations that failed (a correct run has none).
@@ -149,10 +180,6 @@ fn progress(what: &str) {
         eprint!("\r\x1b[K{sep}{what}");
         let _ = io::stderr().flush();
     }
-}
-
-fn gbit(bytes_per_sec: f64) -> f64 {
-    bytes_per_sec * 8.0 / 1e9
 }
 
 fn us(d: Duration) -> f64 {
@@ -224,7 +251,7 @@ fn measure(o: &Options) -> Res<Report> {
             ..perf_options(op, qps, o)
         };
         let run = LoopbackRun::new(&po)?;
-        let name = format!("rnic {} {qps} QP", op_name(op));
+        let name = format!("rnic {} {qps} QP", op.name().to_uppercase());
         rnic.push((
             po,
             run,
@@ -266,12 +293,8 @@ fn measure(o: &Options) -> Res<Report> {
             let row = run.measure(po, size)?;
             r.failures += row.failures;
             if let Some(bw) = row.bw {
-                let secs = bw.secs.max(1e-9);
-                s.points.push((
-                    size,
-                    gbit(bw.bytes as f64 / secs),
-                    bw.messages as f64 / secs / 1e6,
-                ));
+                s.points
+                    .push((size, gbit(bw.bytes_per_sec()), bw.messages_per_sec() / 1e6));
             }
         }
     }
@@ -279,11 +302,12 @@ fn measure(o: &Options) -> Res<Report> {
     for (_, run, _) in &rnic {
         retries += run.retries()?;
     }
-    r.other.push((
-        "rnic retransmissions in the bandwidth runs (timeouts, sequence NAKs)".into(),
-        retries as f64,
-        "requests".into(),
-    ));
+    r.other.push(Figure {
+        key: "retransmissions",
+        what: "rnic retransmissions in the bandwidth runs (timeouts, sequence NAKs)".into(),
+        value: retries as f64,
+        unit: "requests",
+    });
     r.series = base;
     r.series.extend(rnic.into_iter().map(|(_, _, s)| s));
 
@@ -300,7 +324,7 @@ fn measure(o: &Options) -> Res<Report> {
         });
     }
     for op in [perf::Op::Write, perf::Op::Send] {
-        progress(&format!("round trips: rnic {}", op_name(op)));
+        progress(&format!("round trips: rnic {}", op.name().to_uppercase()));
         let po = perf::Options {
             latency: true,
             duration: None,
@@ -312,7 +336,7 @@ fn measure(o: &Options) -> Res<Report> {
         // perf reports half of each round trip, as perftest does.
         let lat = row.lat.unwrap_or_default();
         r.round_trips.push(RoundTrip {
-            name: format!("rnic {}", op_name(op)),
+            name: format!("rnic {}", op.name().to_uppercase()),
             rnic: true,
             us: quantiles(&lat, 2.0),
         });
@@ -329,23 +353,15 @@ fn measure(o: &Options) -> Res<Report> {
         let mr = pd.register_with(o.register_bytes, Access::LOCAL_WRITE, Backing::Pages)?;
         let secs = t.elapsed().as_secs_f64();
         drop(mr);
-        r.other.push((
-            format!("registering {} MiB (page-backed)", o.register_bytes >> 20),
-            secs * 1e3,
-            "ms".into(),
-        ));
+        r.other.push(Figure {
+            key: "register_ms",
+            what: format!("registering {} MiB (page-backed)", o.register_bytes >> 20),
+            value: secs * 1e3,
+            unit: "ms",
+        });
     }
     r.goals = goals(&r, o);
     Ok(r)
-}
-
-fn op_name(op: perf::Op) -> &'static str {
-    match op {
-        perf::Op::Write => "WRITE",
-        perf::Op::Read => "READ",
-        perf::Op::Send => "SEND",
-        perf::Op::Atomic => "FETCH_ADD",
-    }
 }
 
 /// min, p50, p99 of sorted durations, times `scale`, in microseconds.
@@ -379,14 +395,15 @@ fn idle_qp_memory(n: u32, r: &mut Report) -> Res<()> {
     let after = rss_bytes();
     if let (Some(b0), Some(b1)) = (before, after) {
         let per = b1.saturating_sub(b0) as f64 / f64::from(2 * n);
-        r.other.push((
-            format!(
+        r.other.push(Figure {
+            key: "idle_qp_kib",
+            what: format!(
                 "memory per idle connected RC QP ({} QPs, default caps)",
                 2 * n
             ),
-            per / 1024.0,
-            "KiB".into(),
-        ));
+            value: per / 1024.0,
+            unit: "KiB",
+        });
     }
     Ok(())
 }
@@ -404,11 +421,12 @@ fn many_qps(o: &Options, r: &mut Report) -> Res<()> {
     let row = run.measure(&po, 65536)?;
     r.failures += row.failures;
     if let Some(bw) = row.bw {
-        r.other.push((
-            format!("rnic WRITE 64 KiB, {n} QPs (2 in flight each)"),
-            gbit(bw.bytes as f64 / bw.secs.max(1e-9)),
-            "Gb/s".into(),
-        ));
+        r.other.push(Figure {
+            key: "many_qps_gbps",
+            what: format!("rnic WRITE 64 KiB, {n} QPs (2 in flight each)"),
+            value: gbit(bw.bytes_per_sec()),
+            unit: "Gb/s",
+        });
     }
     Ok(())
 }
@@ -435,18 +453,9 @@ fn goals(r: &Report, o: &Options) -> Vec<Goal> {
         at("TCP stream", big),
         at("UDP GSO/GRO", big),
     ) {
-        g.push(Goal {
-            what: format!("WRITE {big} B, 1 QP / TCP stream"),
-            ratio: w.0 / t.0,
-            goal: 1.0,
-            at_least: true,
-        });
-        g.push(Goal {
-            what: format!("WRITE {big} B, 1 QP / UDP GSO/GRO"),
-            ratio: w.0 / u.0,
-            goal: 0.8,
-            at_least: true,
-        });
+        let what = |base: &str| format!("WRITE {big} B, 1 QP / {base}");
+        g.push(Goal::at_least(what("TCP stream"), w.0 / t.0, 1.0));
+        g.push(Goal::at_least(what("UDP GSO/GRO"), w.0 / u.0, 0.8));
     }
     let p50 = |name: &str| {
         r.round_trips
@@ -457,44 +466,26 @@ fn goals(r: &Report, o: &Options) -> Vec<Goal> {
     if let Some(udp) = p50("UDP ping-pong") {
         for op in ["WRITE", "SEND"] {
             if let Some(x) = p50(&format!("rnic {op}")) {
-                g.push(Goal {
-                    what: format!("{op} 64 B round trip p50 / UDP ping-pong"),
-                    ratio: x / udp,
-                    goal: 1.25,
-                    at_least: false,
-                });
+                let what = format!("{op} 64 B round trip p50 / UDP ping-pong");
+                g.push(Goal::at_most(what, x / udp, 1.25));
             }
         }
     }
     if let (Some(w), Some(u)) = (at("rnic WRITE 1 QP", small), at("UDP sendmmsg", small)) {
-        g.push(Goal {
-            what: format!("WRITE {small} B message rate / UDP sendmmsg datagrams"),
-            ratio: w.1 / u.1,
-            goal: 0.7,
-            at_least: true,
-        });
+        let what = format!("WRITE {small} B message rate / UDP sendmmsg datagrams");
+        g.push(Goal::at_least(what, w.1 / u.1, 0.7));
     }
-    let other = |prefix: &str| {
-        r.other
-            .iter()
-            .find(|x| x.0.starts_with(prefix))
-            .map(|x| x.1)
-    };
-    if let (Some(many), Some(one)) = (other("rnic WRITE 64 KiB,"), at("rnic WRITE 1 QP", 65536)) {
-        g.push(Goal {
-            what: format!("WRITE 64 KiB, {} QPs / 1 QP", o.many_qps),
-            ratio: many / one.0,
-            goal: 0.8,
-            at_least: true,
-        });
+    let figure = |key: &str| r.other.iter().find(|f| f.key == key).map(|f| f.value);
+    if let (Some(many), Some(one)) = (figure("many_qps_gbps"), at("rnic WRITE 1 QP", 65536)) {
+        let what = format!("WRITE 64 KiB, {} QPs / 1 QP", o.many_qps);
+        g.push(Goal::at_least(what, many / one.0, 0.8));
     }
-    if let Some(kib) = other("memory per idle") {
-        g.push(Goal {
-            what: "KiB per idle QP / 16 KiB".into(),
-            ratio: kib / 16.0,
-            goal: 1.0,
-            at_least: false,
-        });
+    if let Some(kib) = figure("idle_qp_kib") {
+        g.push(Goal::at_most(
+            "KiB per idle QP / 16 KiB".into(),
+            kib / 16.0,
+            1.0,
+        ));
     }
     g
 }
@@ -610,8 +601,8 @@ fn print(r: &Report, o: &Options, out: &mut impl Write) -> io::Result<()> {
     }
     if !r.other.is_empty() {
         writeln!(out)?;
-        for (what, v, unit) in &r.other {
-            writeln!(out, " {what}: {v:.2} {unit}")?;
+        for f in &r.other {
+            writeln!(out, " {}: {:.2} {}", f.what, f.value, f.unit)?;
         }
     }
     writeln!(
@@ -647,7 +638,7 @@ fn to_json(r: &Report) -> serde_json::Value {
         "round_trips_us": r.round_trips.iter().map(|x| json!({
             "name": x.name, "rnic": x.rnic, "min": x.us[0], "p50": x.us[1], "p99": x.us[2],
         })).collect::<Vec<_>>(),
-        "other": r.other.iter().map(|(w, v, u)| json!({"what": w, "value": v, "unit": u})).collect::<Vec<_>>(),
+        "other": r.other.iter().map(|f| json!({"key": f.key, "what": f.what, "value": f.value, "unit": f.unit})).collect::<Vec<_>>(),
         "goals": r.goals.iter().map(|g| json!({
             "what": g.what, "ratio": g.ratio, "goal": g.goal,
             "at_least": g.at_least, "met": g.met(),
