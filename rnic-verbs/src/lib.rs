@@ -498,8 +498,7 @@ impl ProtectionDomain {
 
     /// One such user fewer.
     fn release(&self) {
-        let pd = self.pd;
-        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
+        release_pd_user(&self.dev, self.pd);
     }
 
     /// A parent domain over this domain (`ibv_alloc_parent_domain`): what
@@ -995,9 +994,14 @@ pub struct DomainHold {
 
 impl Drop for DomainHold {
     fn drop(&mut self) {
-        let pd = self.pd;
-        let _ = self.dev.engine.call(move |st| st.nic.pd_release(pd));
+        release_pd_user(&self.dev, self.pd);
     }
+}
+
+/// One user (a parent domain, a hold) of domain `pd` fewer; a domain its
+/// owner released goes with its last user.
+fn release_pd_user(dev: &Device, pd: PdHandle) {
+    let _ = dev.engine.call(move |st| st.nic.pd_release(pd));
 }
 
 /// A shared receive queue.
