@@ -23,11 +23,32 @@ use rustix::net::sockopt;
 /// Longest any baseline waits for a peer before giving up.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// Bytes per second a receiver took in.
-fn rate(bytes: u64, first: Option<Instant>, last: Instant) -> f64 {
-    match first {
-        Some(f) if last > f => bytes as f64 / (last - f).as_secs_f64(),
-        _ => 0.0,
+/// What a receiver took in: the bytes after the first arrival, timed from
+/// it to the last (the first arrival only starts the clock).
+#[derive(Default)]
+struct Tally {
+    bytes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Tally {
+    fn add(&mut self, n: usize) {
+        let now = Instant::now();
+        if self.first.is_none() {
+            self.first = Some(now);
+        } else {
+            self.bytes += n as u64;
+        }
+        self.last = Some(now);
+    }
+
+    /// Bytes per second.
+    fn rate(&self) -> f64 {
+        match (self.first, self.last) {
+            (Some(f), Some(l)) if l > f => self.bytes as f64 / (l - f).as_secs_f64(),
+            _ => 0.0,
+        }
     }
 }
 
@@ -64,24 +85,18 @@ pub fn tcp_stream(from: IpAddr, to: IpAddr, size: usize, time: Duration) -> io::
         tx.shutdown(std::net::Shutdown::Write)
     });
     let mut buf = vec![0u8; 1 << 20];
-    let (mut bytes, mut first, mut last) = (0u64, None, Instant::now());
+    let mut got = Tally::default();
     loop {
         let n = rx.read(&mut buf)?;
         if n == 0 {
             break;
         }
-        last = Instant::now();
-        if first.is_none() {
-            // Time from the first bytes, which are not counted.
-            first = Some(last);
-        } else {
-            bytes += n as u64;
-        }
+        got.add(n);
     }
     sender
         .join()
         .map_err(|_| io::Error::other("the sender panicked"))??;
-    Ok(rate(bytes, first, last))
+    Ok(got.rate())
 }
 
 /// How a UDP baseline moves its datagrams.
@@ -189,15 +204,7 @@ fn udp_receive(
     how: Udp,
     done: &AtomicBool,
 ) -> io::Result<(f64, f64)> {
-    let (mut bytes, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
-    let mut count = |n: usize, first: &mut Option<Instant>, last: &mut Instant| {
-        *last = Instant::now();
-        if first.is_none() {
-            *first = Some(*last);
-        } else {
-            bytes += n as u64;
-        }
-    };
+    let mut got = Tally::default();
     let begun = Instant::now();
     let mut batch = rnic_verbs::udp::RecvBatch::new();
     let mut buf = vec![0u8; 1 << 16];
@@ -206,7 +213,7 @@ fn udp_receive(
         let quiet = match how {
             Udp::PerCall | Udp::Segmented => match rx.recv(&mut buf) {
                 Ok(n) => {
-                    count(n, &mut first, &mut last);
+                    got.add(n);
                     false
                 }
                 Err(_) => true,
@@ -215,7 +222,7 @@ fn udp_receive(
                 let n = batch.recv(rx.as_fd())?;
                 for i in 0..n {
                     if let Some((d, _)) = batch.get(i) {
-                        count(d.len(), &mut first, &mut last);
+                        got.add(d.len());
                     }
                 }
                 if n == 0 {
@@ -233,11 +240,11 @@ fn udp_receive(
         if quiet && done.load(Ordering::Acquire) {
             break;
         }
-        if first.is_none() && begun.elapsed() > PATIENCE {
+        if got.first.is_none() && begun.elapsed() > PATIENCE {
             return Err(io::Error::other("no datagram arrived"));
         }
     }
-    let bps = rate(bytes, first, last);
+    let bps = got.rate();
     Ok((bps, bps / dgram as f64))
 }
 
