@@ -17,13 +17,30 @@ impl Qp {
             return;
         }
         let psn = pkt.bth().psn();
+        let credits = pkt
+            .aeth()
+            .and_then(|a| match Syndrome::from_byte(a.syndrome()) {
+                Syndrome::Ack { credits } => Some((a.msn(), credits)),
+                _ => None,
+            });
         // Only PSNs that were sent and not yet acknowledged mean anything; an
         // ACK for anything else (a ghost ACK, or a late duplicate) is ignored.
         let outstanding = self.max_sent.forward_from(self.una);
         if psn.forward_from(self.una) >= outstanding {
-            // An ACK for the PSN just before `una` repeats what is known.
+            // An ACK for the PSN just before `una` repeats what is known,
+            // but for its credit count: a responder that re-ACKs a
+            // duplicate may have had receives posted since (rdmavt takes
+            // these too).
+            if let (Some((msn, code)), true) = (credits, psn.next() == self.una) {
+                if pkt.info().operation == Operation::Acknowledge {
+                    self.take_credits(msn, code);
+                }
+            }
             ctx.counters.ghost_or_duplicate_response += 1;
             return;
+        }
+        if let Some((msn, code)) = credits {
+            self.take_credits(msn, code);
         }
         // The responder is answering: whatever this packet completes, the
         // local ACK timer restarts (as rdma_rxe's completer re-arms it for

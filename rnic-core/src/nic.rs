@@ -58,6 +58,9 @@ pub struct Counters {
     pub retry_rnr_exceeded_err: u64,
     /// Responses for nothing outstanding (ghost or duplicate ACKs).
     pub ghost_or_duplicate_response: u64,
+    /// Times a SEND or WRITE with immediate waited for the responder's
+    /// end-to-end credits (IBTA 9.7.7.2; rdmavt's `rc_crwaits`).
+    pub credit_waits: u64,
     /// READ response packets dropped because their opcode does not fit
     /// where they fall in the response (a LAST where a FIRST is due, say).
     pub read_response_out_of_order: u64,

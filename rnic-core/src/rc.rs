@@ -319,6 +319,20 @@ pub(crate) struct Qp {
     pub counted: u32,
     /// Waiting in [`Ctx::starved`].
     pub starved: bool,
+    /// End-to-end credits (IBTA 9.7.7.2, as rdmavt keeps them): the
+    /// sequence number of the last message begun (SSN, counted as the
+    /// responder counts its MSN, 24 bits that wrap), and the limit the
+    /// responder's ACKs allow (LSN = MSN + credits). A message that takes
+    /// a receive WQE begins only while its SSN is at most LSN + 1 (one
+    /// beyond the limit, to learn a new count), or with nothing
+    /// outstanding; one that takes none moves the limit on by one.
+    pub ssn: Psn,
+    pub lsn: Psn,
+    /// The responder sent the "invalid" credit code: it keeps no count
+    /// (rdma_rxe, a QP on a shared receive queue). Sticky until reset.
+    pub credits_unlimited: bool,
+    /// Waiting for credits now (counted once per wait).
+    pub credit_wait: bool,
 
     // Responder.
     pub rq: VecDeque<RecvWr>,
@@ -377,6 +391,10 @@ impl Qp {
             window: MAX_INFLIGHT_PKTS,
             counted: 0,
             starved: false,
+            ssn: Psn::new(0),
+            lsn: Psn::new(0),
+            credits_unlimited: false,
+            credit_wait: false,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             ack_psn: Psn::new(0),

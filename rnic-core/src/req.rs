@@ -98,13 +98,29 @@ impl Qp {
                     break;
                 }
             }
-            let sent = if w.wr.op.is_local() {
+            // A message begun for the first time (not resent by go-back-N).
+            let begins = !w.wr.op.is_local()
+                && self.next_pkt == 0
+                && !w.first_psn.is_before(self.max_sent)
+                && self.qp_type == QpType::Rc;
+            let op = w.wr.op;
+            if begins && !self.credits_allow(op) {
+                if !self.credit_wait {
+                    self.credit_wait = true;
+                    ctx.counters.credit_waits += 1;
+                }
+                break;
+            }
+            let sent = if op.is_local() {
                 self.exec_local(ctx)
             } else {
                 self.send_next_packet(ctx)
             };
             if !sent {
                 break;
+            }
+            if begins {
+                self.begin_message(op);
             }
         }
         if self.ack_deadline.is_none() && self.una != self.first_psn_of_next() {
@@ -114,6 +130,46 @@ impl Qp {
             self.sq_drained = true;
             if self.attr.en_sqd_async_notify {
                 ctx.events.push_back(AsyncEvent::SqDrained(self.qpn));
+            }
+        }
+    }
+
+    /// Whether the responder's end-to-end credits let message `op` begin
+    /// now (IBTA 9.7.7.2): always for one that takes no receive WQE; for
+    /// one that does, while its SSN is at most one beyond the limit
+    /// (rdmavt's rule: the one beyond it asks for a new count), or when
+    /// nothing is outstanding, so that a responder whose count the
+    /// requester cannot follow still gets one message at a time.
+    fn credits_allow(&self, op: SendOp) -> bool {
+        if self.credits_unlimited || !op.consumes_recv() {
+            return true;
+        }
+        let ssn = self.ssn.next();
+        !ssn.is_after(self.lsn.next()) || self.una == self.max_sent
+    }
+
+    /// Message `op` has begun: it takes the next SSN; one that takes no
+    /// receive WQE moves the limit on with it (the responder's MSN will
+    /// count it, and its credits do not).
+    fn begin_message(&mut self, op: SendOp) {
+        self.ssn = self.ssn.next();
+        self.credit_wait = false;
+        if !self.credits_unlimited && !op.consumes_recv() {
+            self.lsn = self.lsn.next();
+        }
+    }
+
+    /// What an ACK's AETH says of the responder's receive queue: `msn`
+    /// and the credit count `code` (IBTA 9.7.7.2.5). The limit only moves
+    /// on: an ACK overtaken by a later one says less.
+    pub(crate) fn take_credits(&mut self, msn: u32, code: u8) {
+        match rnic_wire::aeth::decode_credits(code) {
+            None => self.credits_unlimited = true,
+            Some(n) => {
+                let limit = Psn::new(msn).add(n);
+                if limit.is_after(self.lsn) {
+                    self.lsn = limit;
+                }
             }
         }
     }

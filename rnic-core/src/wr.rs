@@ -156,6 +156,14 @@ impl SendOp {
     pub const fn is_local(&self) -> bool {
         matches!(self, SendOp::LocalInv { .. } | SendOp::BindMw(_))
     }
+    /// Whether the responder takes a receive WQE for it (SEND, and WRITE
+    /// with immediate): what end-to-end credits count.
+    pub const fn consumes_recv(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { imm: Some(_), .. }
+        )
+    }
     /// The atomics.
     pub const fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
