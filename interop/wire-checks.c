@@ -3,7 +3,10 @@
  * as the client (the requester) on the other, so that each RoCE
  * implementation meets the other's.
  *
- *   wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] TEST [SERVER]
+ *   wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] [-P PSN] TEST [SERVER]
+ *
+ * -P sets the first PSN of this side's send queue (random by default), so
+ * that a run can start both sides just below the 24-bit wrap.
  *
  *   sizes      messages from 1 byte to 1 MiB (sizes around every power of
  *              two and the path MTU), each as a WRITE with immediate, a
@@ -233,12 +236,33 @@ static enum ibv_qp_state qp_state(struct ibv_qp *qp)
 	return a.qp_state;
 }
 
+/* With -P, the PSN this side's QP stands at now (its send queue's for the
+ * client, the requester; its receive queue's for the server) must have
+ * passed 0xffffff: the run crossed the wrap. Both rxe and rnic report the
+ * current PSNs in ibv_query_qp. */
+static void check_wrapped(struct ibv_qp *qp, long first_psn, int client)
+{
+	if (first_psn < 0)
+		return;
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(qp, &a, IBV_QP_SQ_PSN | IBV_QP_RQ_PSN, &ia))
+		fail("ibv_query_qp failed");
+	uint32_t now = client ? a.sq_psn : a.rq_psn;
+	if (now >= (uint32_t)first_psn)
+		fail("%s PSN went from %#lx to %#x: it never wrapped", client ? "send" : "receive", first_psn,
+		     now);
+	printf("wire-checks %s: %s PSNs from %#lx across the wrap to %#x\n", test, client ? "send" : "receive",
+	       first_psn, now);
+}
+
 int main(int argc, char **argv)
 {
 	const char *devname = NULL;
 	int gidx = 0, port = 18650, c;
 	enum ibv_mtu mtu = IBV_MTU_1024;
-	while ((c = getopt(argc, argv, "d:g:p:m:")) != -1) {
+	long first_psn = -1;
+	while ((c = getopt(argc, argv, "d:g:p:m:P:")) != -1) {
 		switch (c) {
 		case 'm':
 			switch (atoi(optarg)) {
@@ -253,11 +277,18 @@ int main(int argc, char **argv)
 		case 'd': devname = optarg; break;
 		case 'g': gidx = atoi(optarg); break;
 		case 'p': port = atoi(optarg); break;
+		case 'P':
+			first_psn = strtol(optarg, NULL, 0);
+			if (first_psn < 0 || first_psn > 0xffffff) {
+				fprintf(stderr, "wire-checks: a PSN is 0 to 0xffffff\n");
+				return 2;
+			}
+			break;
 		default: return 2;
 		}
 	}
 	if (optind >= argc) {
-		fprintf(stderr, "usage: wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] TEST [SERVER]\n");
+		fprintf(stderr, "usage: wire-checks [-d DEVICE] [-g GID_INDEX] [-p PORT] [-m MTU] [-P PSN] TEST [SERVER]\n");
 		return 2;
 	}
 	test = argv[optind];
@@ -296,8 +327,8 @@ int main(int argc, char **argv)
 		fail("cannot create a QP");
 
 	srand48(getpid() ^ time(NULL));
-	struct dest me = { .qpn = qp->qp_num, .psn = lrand48() & 0xffffff, .rkey = mr->rkey,
-			   .addr = (uintptr_t)buf }, peer;
+	uint32_t psn = first_psn >= 0 ? (uint32_t)first_psn : lrand48() & 0xffffff;
+	struct dest me = { .qpn = qp->qp_num, .psn = psn, .rkey = mr->rkey, .addr = (uintptr_t)buf }, peer;
 	if (ibv_query_gid(ctx, 1, gidx, &me.gid))
 		fail("no GID %d", gidx);
 	int fd;
@@ -422,6 +453,7 @@ int main(int argc, char **argv)
 			for (int i = 0; i < MAX_MSG + 1; i++)
 				if (buf[READ_AT + i] != src_byte(i))
 					fail("the READ source changed at byte %d", i);
+			check_wrapped(qp, first_psn, 0);
 			printf("wire-checks sizes: server: %d WRITEs with immediate and %d SENDs, 1 B to 1 MiB, every byte right\n",
 			       NSIZES, NSIZES);
 			return 0;
@@ -549,6 +581,7 @@ int main(int argc, char **argv)
 		}
 		if (write(fd, "done\n", 5) != 5)
 			fail("could not tell the server");
+		check_wrapped(qp, first_psn, 1);
 		printf("wire-checks sizes: client: %d READs, 1 B to 1 MiB, every byte right\n", NSIZES);
 		return 0;
 	case 6:

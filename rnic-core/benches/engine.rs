@@ -62,6 +62,7 @@ fn setup() -> Setup {
             qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ,
             ah_attr: Some(AddressVector {
                 dest: addrs[1 - i],
+                src: None,
                 traffic_class: 0,
                 hop_limit: 64,
                 flow_label: 0,

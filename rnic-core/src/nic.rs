@@ -14,7 +14,7 @@ use rnic_wire::{icrc, IbPacket, Psn};
 
 use crate::cq::{Cq, CqHandle, CqTable};
 use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
-use crate::qp::{self, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
+use crate::qp::{self, AddressVector, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
 use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe, Timers};
 use crate::rng::{Ids, SecretRng};
 use crate::sim::Datagram;
@@ -393,7 +393,9 @@ pub struct Footprint {
 
 /// A software RoCE v2 NIC.
 pub struct Nic {
-    addr: IpAddr,
+    /// The NIC's addresses (its GIDs), the first its own by default: it
+    /// takes packets sent to any of them.
+    addrs: Vec<IpAddr>,
     mem: Memory,
     cqs: CqTable,
     qps: QpTable,
@@ -424,7 +426,7 @@ pub struct Nic {
 impl fmt::Debug for Nic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Nic")
-            .field("addr", &self.addr)
+            .field("addrs", &self.addrs)
             .field("qps", &self.qps.iter().count())
             .field("counters", &self.counters)
             .finish()
@@ -445,7 +447,7 @@ impl Nic {
     pub fn with_secret(addr: IpAddr, mut secret: SecretRng) -> Nic {
         let mem_secret = secret.split();
         Nic {
-            addr,
+            addrs: vec![addr],
             mem: Memory::with_secret(mem_secret),
             cqs: CqTable::default(),
             qps: QpTable::default(),
@@ -488,7 +490,7 @@ impl Nic {
             tx,
             counters,
             exec_log,
-            addr,
+            addrs,
             mechanisms,
             src_port,
             srqs,
@@ -505,7 +507,7 @@ impl Nic {
         *latest = now.max(*latest);
         let ctx = Ctx {
             now,
-            addr: *addr,
+            addrs,
             mem,
             cqs,
             tx,
@@ -637,9 +639,53 @@ impl Nic {
         self.mechanisms = m;
     }
 
-    /// The NIC's address.
+    /// The NIC's own address: the first of [`Nic::addrs`].
     pub fn addr(&self) -> IpAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every address the NIC answers at, as a RoCE port's GID table lists
+    /// an interface's addresses.
+    pub fn addrs(&self) -> &[IpAddr] {
+        &self.addrs
+    }
+
+    /// Answer at `addr` too (a no-op if the NIC already does).
+    pub fn add_addr(&mut self, addr: IpAddr) {
+        if !self.addrs.contains(&addr) {
+            self.addrs.push(addr);
+        }
+    }
+
+    /// The address to reach `dest` from: the first of the NIC's addresses
+    /// of its family, and a link-local IPv6 address for a link-local peer,
+    /// one that is not for any other (as the kernel's source address
+    /// selection would pick); any of the family if that is all there is.
+    /// `None` if the NIC has no address of that family.
+    pub fn source_for(&self, dest: IpAddr) -> Option<IpAddr> {
+        source_for(&self.addrs, dest)
+    }
+
+    /// `av` with its source address checked (one of the NIC's, of the
+    /// peer's family) or chosen ([`Nic::source_for`]).
+    fn resolve_source(&self, mut av: AddressVector) -> Result<AddressVector, ModifyError> {
+        let src = match av.src {
+            Some(s) if self.addrs.contains(&s) && s.is_ipv4() == av.dest.is_ipv4() => s,
+            Some(_) => {
+                return Err(ModifyError::InvalidValue {
+                    attr: AttrMask::AV,
+                    value: 0,
+                    rule: "the source GID must be one of the NIC's, of the destination's family",
+                })
+            }
+            None => self.source_for(av.dest).ok_or(ModifyError::InvalidValue {
+                attr: AttrMask::AV,
+                value: 0,
+                rule: "the NIC has no address of the destination's family",
+            })?,
+        };
+        av.src = Some(src);
+        Ok(av)
     }
 
     /// The counters.
@@ -948,9 +994,22 @@ impl Nic {
         Ok(())
     }
 
-    /// The QP's attributes.
+    /// The QP's attributes, with its PSNs as they stand now, as a NIC
+    /// reports them (rdma_rxe's `req.psn` and `resp.psn`, ConnectX's next
+    /// send and receive PSNs): `rq_psn` is the PSN the responder expects
+    /// next, once in RTR; `sq_psn` the PSN the next new request gets, once
+    /// in RTS. Before that, what the program set (0 if nothing).
     pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, VerbError> {
-        Ok(self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?.attr)
+        let qp = self.qps.get(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
+        let mut attr = qp.attr;
+        let state = qp.state();
+        if !matches!(state, QpState::Reset | QpState::Init) {
+            attr.rq_psn = qp.epsn.value();
+        }
+        if !matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            attr.sq_psn = qp.sq_psn.value();
+        }
+        Ok(attr)
     }
 
     /// `ibv_modify_qp`.
@@ -971,6 +1030,13 @@ impl Nic {
         attr: &QpAttr,
         mask: AttrMask,
     ) -> Result<(), VerbError> {
+        let mut attr = *attr;
+        if mask.contains(AttrMask::AV) {
+            if let Some(av) = attr.ah_attr {
+                attr.ah_attr = Some(self.resolve_source(av).map_err(VerbError::Modify)?);
+            }
+        }
+        let attr = &attr;
         let limits = self.limits;
         let (qps, mut ctx) = self.parts(now);
         let qp = qps.get_mut(qpn).ok_or(VerbError::NoSuchQp(qpn))?;
@@ -1322,7 +1388,7 @@ impl Nic {
             }
         };
         let dst = f.ip.dst_addr();
-        if dst != self.addr {
+        if !self.addrs.contains(&dst) {
             self.counters.foreign_frames += 1;
             return;
         }
@@ -1366,8 +1432,13 @@ impl Nic {
             qp.resp_ud(&mut ctx, pkt, src, dst);
             return;
         }
-        // A connected QP takes packets from its peer only.
-        if qp.attr.ah_attr.map(|a| a.dest) != Some(src) {
+        // A connected QP takes packets from its peer only, sent to the
+        // address it sends from (rdma_rxe's check_addr).
+        if !qp
+            .attr
+            .ah_attr
+            .is_some_and(|a| a.dest == src && a.src.is_none_or(|s| s == dst))
+        {
             ctx.counters.unknown_qp += 1;
             return;
         }
@@ -1503,6 +1574,19 @@ impl Nic {
     pub fn timer_entries(&self) -> usize {
         self.timers.len()
     }
+}
+
+/// The address of `addrs` to reach `dest` from ([`Nic::source_for`]).
+pub(crate) fn source_for(addrs: &[IpAddr], dest: IpAddr) -> Option<IpAddr> {
+    let family = |a: &&IpAddr| a.is_ipv4() == dest.is_ipv4();
+    let scope = |a: &&IpAddr| link_local(**a) == link_local(dest);
+    let mut same = addrs.iter().filter(family);
+    same.clone().find(scope).or_else(|| same.next()).copied()
+}
+
+/// An IPv6 link-local address (fe80::/10).
+fn link_local(a: IpAddr) -> bool {
+    matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xFFC0 == 0xFE80)
 }
 
 #[cfg(test)]

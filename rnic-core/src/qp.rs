@@ -218,6 +218,11 @@ impl Mtu {
 pub struct AddressVector {
     /// The peer's IP address (its RoCE v2 GID).
     pub dest: IpAddr,
+    /// The local address the QP sends from and takes packets at (the
+    /// source GID, `sgid_index` in verbs): one of the NIC's addresses, of
+    /// the peer's family. `None` lets the NIC choose ([`crate::Nic::source_for`]);
+    /// `ibv_modify_qp` fills it in either way.
+    pub src: Option<IpAddr>,
     /// IPv4 TOS / IPv6 traffic class.
     pub traffic_class: u8,
     /// IPv4 TTL / IPv6 hop limit.
@@ -675,6 +680,7 @@ mod tests {
     fn av() -> Option<AddressVector> {
         Some(AddressVector {
             dest: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            src: None,
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,

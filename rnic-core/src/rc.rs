@@ -19,7 +19,8 @@ use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 /// What a QP needs from the NIC while it handles an event.
 pub(crate) struct Ctx<'a> {
     pub now: Time,
-    pub addr: IpAddr,
+    /// The NIC's addresses, its own first.
+    pub addrs: &'a [IpAddr],
     pub mem: &'a mut Memory,
     pub cqs: &'a mut CqTable,
     pub tx: &'a mut VecDeque<Datagram>,
@@ -502,16 +503,29 @@ impl Qp {
         self.attr.path_mtu.bytes() as u64
     }
 
+    /// From where to where a connected QP's packets go: its source address
+    /// and its peer's.
+    fn route(&self, ctx: &Ctx<'_>) -> Option<(IpAddr, IpAddr)> {
+        let av = self.attr.ah_attr?;
+        Some((av.src.unwrap_or(ctx.addrs[0]), av.dest))
+    }
+
     /// Emit one IB packet to the connected peer.
     pub fn transmit(&self, ctx: &mut Ctx<'_>, ib: &IbRepr, payload: &[u8]) {
-        if let Some(av) = self.attr.ah_attr {
-            self.transmit_to(ctx, av.dest, ib, payload);
+        if let Some(route) = self.route(ctx) {
+            self.transmit_to(ctx, route, ib, payload);
         }
     }
 
-    /// Emit one IB packet to `dest`.
-    pub fn transmit_to(&self, ctx: &mut Ctx<'_>, dest: IpAddr, ib: &IbRepr, payload: &[u8]) {
-        if let Some(d) = self.build_datagram(ctx, dest, ib, payload) {
+    /// Emit one IB packet from `route.0` to `route.1`.
+    pub fn transmit_to(
+        &self,
+        ctx: &mut Ctx<'_>,
+        route: (IpAddr, IpAddr),
+        ib: &IbRepr,
+        payload: &[u8],
+    ) {
+        if let Some(d) = self.build_datagram(ctx, route, ib, payload) {
             ctx.send(d);
         }
     }
@@ -527,10 +541,10 @@ impl Qp {
             self.transmit(ctx, ib, payload);
             return;
         }
-        let Some(dest) = self.attr.ah_attr.map(|a| a.dest) else {
+        let Some(route) = self.route(ctx) else {
             return;
         };
-        let Some(d) = self.build_datagram(ctx, dest, ib, payload) else {
+        let Some(d) = self.build_datagram(ctx, route, ib, payload) else {
             return;
         };
         let plain_ack = ib.bth.opcode == rnic_wire::Opcode::RC_ACKNOWLEDGE
@@ -560,11 +574,11 @@ impl Qp {
         self.responses.push_back(Response::Ready { d, plain_ack });
     }
 
-    /// One IB packet to `dest` as a datagram, its ICRC computed.
+    /// One IB packet from `src` to `dest` as a datagram, its ICRC computed.
     fn build_datagram(
         &self,
         ctx: &mut Ctx<'_>,
-        dest: IpAddr,
+        (src, dest): (IpAddr, IpAddr),
         ib: &IbRepr,
         payload: &[u8],
     ) -> Option<Datagram> {
@@ -582,7 +596,7 @@ impl Qp {
             rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
         });
         let n = buf.len();
-        match icrc::for_udp(ctx.addr, dest, src_port, &buf[..n - 4]) {
+        match icrc::for_udp(src, dest, src_port, &buf[..n - 4]) {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
             Err(_) => {
                 ctx.counters.send_err += 1;
@@ -590,7 +604,7 @@ impl Qp {
             }
         }
         Some(Datagram {
-            src: ctx.addr,
+            src,
             dst: dest,
             src_port,
             payload: buf,

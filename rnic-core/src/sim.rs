@@ -511,7 +511,7 @@ impl Cluster {
         };
         self.now = self.now.max(t);
         while let Some((_, d)) = self.net.pop_due(self.now) {
-            if let Some(nic) = self.nics.iter_mut().find(|n| n.addr() == d.dst) {
+            if let Some(nic) = self.nics.iter_mut().find(|n| n.addrs().contains(&d.dst)) {
                 nic.handle_datagram(self.now, &d);
             }
         }

@@ -37,8 +37,17 @@ impl Qp {
                 gather(ctx.mem, pd, &wr.sg_list, 0, &mut payload)
             }
         };
+        // The address handle's source address, if it names one of the
+        // NIC's of the peer's family; else the NIC's choice.
+        let src = match to.src {
+            Some(s) if ctx.addrs.contains(&s) && s.is_ipv4() == to.dest.is_ipv4() => Some(s),
+            Some(_) => None,
+            None => crate::nic::source_for(ctx.addrs, to.dest),
+        };
         let status = if len > MAX_PAYLOAD {
             WcStatus::LocLenErr
+        } else if src.is_none() {
+            WcStatus::LocQpOpErr
         } else if gathered(ctx).is_err() {
             WcStatus::LocProtErr
         } else {
@@ -65,7 +74,9 @@ impl Qp {
             });
             ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
             ib.payload_len = len;
-            self.transmit_to(ctx, to.dest, &ib, &payload);
+            if let Some(src) = src {
+                self.transmit_to(ctx, (src, to.dest), &ib, &payload);
+            }
             WcStatus::Success
         };
         self.scratch = payload;

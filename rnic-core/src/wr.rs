@@ -200,6 +200,9 @@ pub struct SendWr {
 pub struct UdDest {
     /// The peer's IP address (its GID).
     pub dest: core::net::IpAddr,
+    /// The local address to send from (the address handle's source GID);
+    /// `None` lets the NIC choose ([`crate::Nic::source_for`]).
+    pub src: Option<core::net::IpAddr>,
     /// The remote QP number.
     pub qpn: u32,
     /// The remote QP's Q_Key.

@@ -102,6 +102,7 @@ fn connect(
         qp_access_flags: qp_access,
         ah_attr: Some(AddressVector {
             dest,
+            src: None,
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,

@@ -72,6 +72,7 @@ fn host_4() -> Host4 {
     let attr = QpAttr {
         ah_attr: Some(AddressVector {
             dest: HOST_6,
+            src: None,
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,

@@ -201,6 +201,7 @@ fn check(
                 qp_access_flags: rights,
                 ah_attr: Some(AddressVector {
                     dest,
+                    src: None,
                     traffic_class: 0,
                     hop_limit: 64,
                     flow_label: 0,

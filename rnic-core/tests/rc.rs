@@ -473,3 +473,47 @@ fn a_message_longer_than_the_in_flight_window_asks_for_acks_on_the_way() {
         .collect();
     assert_eq!(asked.len(), 4096 / 64);
 }
+
+/// `ibv_query_qp` reports the PSNs as they stand (what rdma_rxe and
+/// ConnectX do), not what the program set: a WRITE of 5 packets and a READ
+/// of 5 from 0xFFFFF0 cross the wrap on A's send queue and B's receive
+/// queue alike.
+#[test]
+fn query_reports_the_psns_as_they_stand() {
+    let mut p = Pair::new(1, &Params::default());
+    let rkey = p.b.mr.rkey;
+    let before = p.c.nics[0].query_qp(p.a.qpn).unwrap();
+    assert_eq!(before.sq_psn, 0xFF_FFF0);
+    let write = SendOp::Write {
+        remote_addr: B_IOVA,
+        rkey,
+        imm: None,
+    };
+    p.post(1, write, p.sge_a(0, 5000));
+    let read = SendOp::Read {
+        remote_addr: B_IOVA,
+        rkey,
+    };
+    p.post(2, read, p.sge_a(10_000, 5000));
+    p.run();
+    assert_eq!(p.completions(0).len(), 2);
+    // Ten PSNs on from 0xFFFFF0: 0xFFFFFA.
+    let a = p.c.nics[0].query_qp(p.a.qpn).unwrap();
+    let b = p.c.nics[1].query_qp(p.b.qpn).unwrap();
+    assert_eq!(a.sq_psn, 0xFF_FFFA);
+    assert_eq!(b.rq_psn, 0xFF_FFFA);
+    // Nothing went the other way: B's send queue and A's receive queue
+    // stand where they began.
+    assert_eq!((b.sq_psn, a.rq_psn), (0x00_b000, 0x00_b000));
+    let more = SendOp::Write {
+        remote_addr: B_IOVA,
+        rkey,
+        imm: None,
+    };
+    p.post(3, more, p.sge_a(0, 8 * 1024));
+    p.run();
+    // Eight more: past the wrap.
+    let a = p.c.nics[0].query_qp(p.a.qpn).unwrap();
+    let b = p.c.nics[1].query_qp(p.b.qpn).unwrap();
+    assert_eq!((a.sq_psn, b.rq_psn), (0x00_0002, 0x00_0002));
+}

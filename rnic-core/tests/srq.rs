@@ -60,6 +60,7 @@ fn two_qps_share_one_receive_queue() {
             let attr = QpAttr {
                 ah_attr: Some(AddressVector {
                     dest: if i == 0 { ba } else { aa },
+                    src: None,
                     traffic_class: 0,
                     hop_limit: 64,
                     flow_label: 0,

@@ -97,6 +97,7 @@ fn datagram_with_immediate_and_the_grh_area() {
         0,
         UdDest {
             dest: ba,
+            src: None,
             qpn: b.qpn,
             qkey: QKEY,
         },
@@ -149,6 +150,7 @@ fn wrong_qkey_and_no_receive_are_dropped_silently() {
         0,
         UdDest {
             dest: ba,
+            src: None,
             qpn: b.qpn,
             qkey: QKEY,
         },
@@ -167,6 +169,7 @@ fn wrong_qkey_and_no_receive_are_dropped_silently() {
         0,
         UdDest {
             dest: ba,
+            src: None,
             qpn: b.qpn,
             qkey: QKEY ^ 1,
         },
@@ -184,6 +187,7 @@ fn wrong_qkey_and_no_receive_are_dropped_silently() {
         0,
         UdDest {
             dest: ba,
+            src: None,
             qpn: b.qpn,
             qkey: QKEY,
         },
@@ -205,6 +209,7 @@ fn ud_rules() {
         0,
         UdDest {
             dest: ba,
+            src: None,
             qpn: b.qpn,
             qkey: QKEY,
         },
@@ -220,6 +225,7 @@ fn ud_rules() {
     assert_eq!(c.nics[0].query_qp(a.qpn).unwrap().qp_state, QpState::Sqe);
     let to_b = UdDest {
         dest: ba,
+        src: None,
         qpn: b.qpn,
         qkey: QKEY,
     };
@@ -263,6 +269,7 @@ fn ud_rules() {
             wr,
             UdDest {
                 dest: ba,
+                src: None,
                 qpn: b.qpn,
                 qkey: QKEY
             }
@@ -278,6 +285,7 @@ fn a_qkey_with_the_high_bit_set_sends_the_qps_own() {
     // with the high bit set, which means "use the QP's".
     let to_b = UdDest {
         dest: ba,
+        src: None,
         qpn: b.qpn,
         qkey: 0x8000_0001,
     };

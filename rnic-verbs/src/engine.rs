@@ -78,9 +78,14 @@ pub(crate) struct EngineState {
     /// A tracing span per queue pair: received packets and the verbs on a
     /// QP run inside it.
     pub qp_spans: HashMap<u32, tracing::Span>,
-    /// Sockets that send from a queue pair's own UDP source port (the
-    /// socket on 4791 receives everything and sends the rest).
-    pub send_sockets: HashMap<u16, UdpSocket>,
+    /// Sockets that send from an address and UDP source port: a queue
+    /// pair's own port, and port 4791 of each address but the NIC's own
+    /// (the socket on the NIC's own address and 4791 receives everything
+    /// on the UDP transport and sends the rest).
+    pub send_sockets: HashMap<(IpAddr, u16), UdpSocket>,
+    /// The interface index a link-local IPv6 address is scoped to (0
+    /// without the frame transport).
+    scope: u32,
     /// The device's span: queue pairs' spans are its children, whichever
     /// thread runs them.
     pub span: tracing::Span,
@@ -136,19 +141,29 @@ impl EngineState {
     /// the two QP numbers, in 0xC000-0xFFFF) or the next free one after it,
     /// with a socket bound there to send from. Queue pairs whose ports
     /// coincide share the socket. `None` if none of 64 ports could be bound.
-    pub fn source_port(&mut self, preferred: u16) -> Option<u16> {
-        let addr = self.nic.addr();
+    pub fn source_port(&mut self, addr: IpAddr, preferred: u16) -> Option<u16> {
+        let scope = self.scope_of(addr);
         for i in 0..64u16 {
             let port = 0xC000 | (preferred.wrapping_add(i) & 0x3FFF);
-            if self.send_sockets.contains_key(&port) {
+            if self.send_sockets.contains_key(&(addr, port)) {
                 return Some(port);
             }
-            if let Ok(s) = open_socket(addr, port) {
-                self.send_sockets.insert(port, s);
+            if let Ok(s) = open_socket(addr, port, scope) {
+                self.send_sockets.insert((addr, port), s);
                 return Some(port);
             }
         }
         None
+    }
+
+    /// The scope a socket address needs for `addr`: the interface's index
+    /// for a link-local IPv6 address on the frame transport, else 0.
+    fn scope_of(&self, addr: IpAddr) -> u32 {
+        if crate::frames::link_local(addr) {
+            self.scope
+        } else {
+            0
+        }
     }
 
     /// After anything that may have produced packets, completions or events:
@@ -185,22 +200,28 @@ impl EngineState {
             for d in &tx {
                 self.observe(true, now, d);
             }
-            // Each run of datagrams from one source port goes out of the
-            // socket bound to it (the ICRC covers the port).
+            // Each run of datagrams from one address and source port goes
+            // out of the socket bound to them (the ICRC covers both).
+            let own = self.nic.addr();
             let mut rest = &tx[..];
             while let Some(first) = rest.first() {
                 let run = rest
                     .iter()
-                    .take_while(|d| d.src_port == first.src_port)
+                    .take_while(|d| (d.src, d.src_port) == (first.src, first.src_port))
                     .count();
-                let from = self.send_sockets.get(&first.src_port).unwrap_or(socket);
-                // Datagrams the socket buffer refused are lost, as on a full link.
-                let _ = crate::udp::send(from.as_fd(), run, |j| {
-                    (
-                        SocketAddr::new(rest[j].dst, ROCE_PORT),
-                        &rest[j].payload[..],
-                    )
-                });
+                let from = self
+                    .send_sockets
+                    .get(&(first.src, first.src_port))
+                    .or((first.src == own).then_some(socket));
+                // Datagrams the socket buffer refused are lost, as on a
+                // full link (and there is a socket for every address and
+                // port the NIC sends from).
+                if let Some(from) = from {
+                    let _ = crate::udp::send(from.as_fd(), run, |j| {
+                        let to = rest[j].dst;
+                        (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                    });
+                }
                 rest = &rest[run..];
             }
             for d in tx.drain(..) {
@@ -516,6 +537,11 @@ pub(crate) struct Engine {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     pub addr: IpAddr,
+    /// Every address of the NIC, its own first (the interface's, on the
+    /// frame transport).
+    pub addrs: Vec<IpAddr>,
+    /// The same in GID table order ([`crate::frames::Interface::gids`]).
+    pub gids: Vec<IpAddr>,
     /// The largest IP packet the link carries.
     pub link_mtu: u32,
     /// The process that started the thread: a forked child has a copy of
@@ -526,8 +552,20 @@ pub(crate) struct Engine {
 /// The UDP port of RoCE v2.
 pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
 
-fn open_socket(addr: IpAddr, port: u16) -> io::Result<UdpSocket> {
-    let socket = UdpSocket::bind(SocketAddr::new(addr, port))?;
+/// Port 4791 of `to`, with `scope` if it is a link-local IPv6 address.
+fn to_socket_addr(to: IpAddr, scope: u32) -> SocketAddr {
+    match to {
+        IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, ROCE_PORT, 0, scope)),
+        IpAddr::V4(_) => SocketAddr::new(to, ROCE_PORT),
+    }
+}
+
+fn open_socket(addr: IpAddr, port: u16, scope: u32) -> io::Result<UdpSocket> {
+    let at = match addr {
+        IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, scope)),
+        IpAddr::V4(_) => SocketAddr::new(addr, port),
+    };
+    let socket = UdpSocket::bind(at)?;
     socket.set_nonblocking(true)?;
     if addr.is_ipv4() {
         // DF on every datagram and IPv4 identification 0: the ICRC convention.
@@ -570,20 +608,44 @@ impl Engine {
         secret: rnic_core::rng::SecretRng,
         priority: crate::sched::Priority,
     ) -> io::Result<Engine> {
-        let socket = open_socket(addr, ROCE_PORT)?;
+        // The NIC's addresses: the interface's (its own first), or `addr`.
+        let mut addrs = vec![addr];
+        let scope = iface.map_or(0, |i| i.index);
+        let scope_of = |a: IpAddr| iface.map_or(0, |i| i.scope_of(a));
+        if let Some(i) = iface {
+            addrs.extend(i.gids.iter().filter(|&&a| a != addr));
+        }
+        let socket = open_socket(addr, ROCE_PORT, scope_of(addr))?;
+        let mut send_sockets = HashMap::new();
         let frames = match iface {
             Some(i) => {
-                let f = crate::frames::open(i)?;
+                let f = crate::frames::open(i, &addrs)?;
                 crate::frames::receive_nothing(&socket)?;
+                // Port 4791 of every other address: bound, so that the
+                // kernel answers no RoCE packet with an ICMP port
+                // unreachable, receiving nothing, sending what the NIC
+                // sends from there.
+                for &a in &addrs[1..] {
+                    let s = open_socket(a, ROCE_PORT, scope_of(a)).map_err(|e| {
+                        io::Error::new(e.kind(), format!("UDP port {ROCE_PORT} of {a}: {e}"))
+                    })?;
+                    crate::frames::receive_nothing(&s)?;
+                    send_sockets.insert((a, ROCE_PORT), s);
+                }
                 Some(f)
             }
             None => None,
         };
-        crate::capture::register_local(addr);
+        for &a in &addrs {
+            crate::capture::register_local(a);
+        }
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
         let start = Instant::now();
         let mut nic = Nic::with_secret(addr, secret);
+        for &a in &addrs[1..] {
+            nic.add_addr(a);
+        }
         // Packets of QPs without a port of their own leave from 4791.
         nic.set_udp_source_port(Some(ROCE_PORT));
         let state = EngineState {
@@ -595,7 +657,8 @@ impl Engine {
             events: None,
             capture: None,
             qp_spans: HashMap::new(),
-            send_sockets: HashMap::new(),
+            send_sockets,
+            scope,
             span: span.clone(),
             tx: Vec::with_capacity(crate::udp::BATCH),
             impair: None,
@@ -643,6 +706,8 @@ impl Engine {
             shared,
             thread: Some(thread),
             addr,
+            gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
+            addrs,
             link_mtu: link_mtu(addr, iface),
             pid: std::process::id(),
         })
@@ -759,7 +824,9 @@ impl Drop for Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        crate::capture::unregister_local(self.addr);
+        for &a in &self.addrs {
+            crate::capture::unregister_local(a);
+        }
     }
 }
 
@@ -922,7 +989,7 @@ mod tests {
         let tap = |mtu| crate::frames::Interface {
             name: "tap0".into(),
             index: 7,
-            addr: std::net::Ipv4Addr::new(10, 88, 0, 1),
+            gids: vec![IpAddr::from([10, 88, 0, 1])],
             mtu,
         };
         let v4 = IpAddr::from([10, 88, 0, 1]);

@@ -12,14 +12,17 @@
 //! unreachable, but with a filter that drops everything: each packet is
 //! taken in once, from the frame socket.
 //!
-//! The frame socket's own filter, in the kernel, passes only IPv4 UDP to
-//! port 4791 at the NIC's address, unfragmented. It sees the packet from
-//! its IP header (SOCK_DGRAM); the interface's MTU bounds what arrives.
+//! The frame socket takes in IPv4 and IPv6 alike (ETH_P_ALL, as the
+//! packet arrives, never as it leaves) and its filter, in the kernel,
+//! passes only UDP to port 4791 at one of the NIC's addresses,
+//! unfragmented (IPv4) or with no extension header (IPv6; RoCE v2 sends
+//! none). It sees the packet from its IP header (SOCK_DGRAM); the
+//! interface's MTU bounds what arrives.
 
 use std::ffi::CString;
 use std::io;
 use std::mem::size_of;
-use std::net::{Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// One classic BPF instruction.
@@ -37,28 +40,124 @@ const ALU_AND_K: u16 = 0x54;
 const JEQ_K: u16 = 0x15;
 const JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
+/// Where the ancillary loads begin (SKF_AD_OFF, -0x1000): the packet's
+/// metadata rather than its bytes.
+const AD: u32 = 0xFFFF_F000;
+/// `skb->protocol`, the EtherType (SKF_AD_PROTOCOL).
+const AD_PROTOCOL: u32 = AD;
+/// `skb->pkt_type` (SKF_AD_PKTTYPE): PACKET_OUTGOING (4) is what this host sends.
+const AD_PKTTYPE: u32 = AD + 4;
+const PACKET_OUTGOING: u32 = 4;
+const ACCEPT: u32 = 0xFFFF;
 
-/// The filter for an IP-level packet socket: IPv4, UDP, no fragment, to
-/// `addr`, destination port 4791; everything else is dropped in the kernel.
-fn roce_filter(addr: Ipv4Addr) -> Vec<libc::sock_filter> {
-    const ACCEPT: u32 = 0xFFFF;
-    // A jump goes 1 + its offset forward; every drop lands on 12.
-    vec![
-        op(LD_B_ABS, 0, 0, 0),                               // 0: version and IHL
-        op(ALU_AND_K, 0, 0, 0xF0),                           // 1
-        op(JEQ_K, 0, 9, 0x40),                               // 2: IPv4, else drop
-        op(LD_B_ABS, 0, 0, 9),                               // 3: protocol
-        op(JEQ_K, 0, 7, u32::from(libc::IPPROTO_UDP as u8)), // 4: UDP, else drop
-        op(LD_H_ABS, 0, 0, 6),                               // 5: flags and fragment offset
-        op(JSET_K, 5, 0, 0x3FFF),                            // 6: MF or an offset: drop
-        op(LD_W_ABS, 0, 0, 16),                              // 7: destination address
-        op(JEQ_K, 0, 3, u32::from(addr)),                    // 8: ours, else drop
-        op(LDX_B_MSH, 0, 0, 0),                              // 9: X = header length
-        op(LD_H_IND, 0, 0, 2),                               // 10: UDP destination port
-        op(JEQ_K, 1, 0, u32::from(rnic_wire::ROCE_V2_PORT)), // 11: 4791: accept
-        op(RET_K, 0, 0, 0),                                  // 12: drop
-        op(RET_K, 0, 0, ACCEPT),                             // 13: accept
-    ]
+/// A filter program with forward jumps to labels, resolved when it is
+/// finished (classic BPF jumps are 8-bit forward offsets).
+#[derive(Default)]
+struct Program {
+    code: Vec<libc::sock_filter>,
+    /// (instruction, label if true, label if false).
+    jumps: Vec<(usize, Option<Label>, Option<Label>)>,
+    labels: Vec<Option<usize>>,
+}
+
+#[derive(Clone, Copy)]
+struct Label(usize);
+
+impl Program {
+    fn label(&mut self) -> Label {
+        self.labels.push(None);
+        Label(self.labels.len() - 1)
+    }
+    fn here(&mut self, l: Label) {
+        self.labels[l.0] = Some(self.code.len());
+    }
+    fn put(&mut self, code: u16, k: u32) {
+        self.code.push(op(code, 0, 0, k));
+    }
+    /// A conditional jump: on to the next instruction unless a label is given.
+    fn jump(&mut self, code: u16, k: u32, yes: Option<Label>, no: Option<Label>) {
+        self.jumps.push((self.code.len(), yes, no));
+        self.put(code, k);
+    }
+    /// The program, or an error if a jump is longer than classic BPF
+    /// allows (more addresses than [`MAX_GIDS`] would need).
+    fn finish(mut self) -> io::Result<Vec<libc::sock_filter>> {
+        let too_long = || io::Error::new(io::ErrorKind::InvalidInput, "a filter jump too long");
+        for &(at, yes, no) in &self.jumps {
+            let off = |l: Option<Label>| match l {
+                None => Ok(0),
+                Some(l) => self.labels[l.0]
+                    .and_then(|to| u8::try_from(to - at - 1).ok())
+                    .ok_or_else(too_long),
+            };
+            self.code[at].jt = off(yes)?;
+            self.code[at].jf = off(no)?;
+        }
+        Ok(self.code)
+    }
+}
+
+/// The filter for an IP-level packet socket: IPv4 or IPv6, arriving (not
+/// leaving), UDP, to one of `addrs`, destination port 4791, not a fragment;
+/// everything else is dropped in the kernel.
+fn roce_filter(addrs: &[IpAddr]) -> io::Result<Vec<libc::sock_filter>> {
+    let mut p = Program::default();
+    let (drop, accept, v6, port4) = (p.label(), p.label(), p.label(), p.label());
+    p.put(LD_W_ABS, AD_PKTTYPE);
+    p.jump(JEQ_K, PACKET_OUTGOING, Some(drop), None);
+    p.put(LD_H_ABS, AD_PROTOCOL);
+    p.jump(JEQ_K, u32::from(libc::ETH_P_IPV6 as u16), Some(v6), None);
+    p.jump(JEQ_K, u32::from(libc::ETH_P_IP as u16), None, Some(drop));
+    // IPv4: version 4, UDP, no fragment, to one of ours.
+    p.put(LD_B_ABS, 0);
+    p.put(ALU_AND_K, 0xF0);
+    p.jump(JEQ_K, 0x40, None, Some(drop));
+    p.put(LD_B_ABS, 9);
+    p.jump(JEQ_K, u32::from(libc::IPPROTO_UDP as u8), None, Some(drop));
+    p.put(LD_H_ABS, 6); // flags and fragment offset
+    p.jump(JSET_K, 0x3FFF, Some(drop), None); // MF or an offset
+    p.put(LD_W_ABS, 16); // destination address
+    for a in addrs {
+        if let IpAddr::V4(a) = a {
+            p.jump(JEQ_K, u32::from(*a), Some(port4), None);
+        }
+    }
+    p.jump(JEQ_K, 0, Some(drop), Some(drop));
+    p.here(port4);
+    p.put(LDX_B_MSH, 0); // X = header length
+    p.put(LD_H_IND, 2); // UDP destination port
+    p.jump(
+        JEQ_K,
+        u32::from(rnic_wire::ROCE_V2_PORT),
+        Some(accept),
+        Some(drop),
+    );
+    // IPv6: version 6, next header UDP, to one of ours, port 4791.
+    p.here(v6);
+    p.put(LD_B_ABS, 0);
+    p.put(ALU_AND_K, 0xF0);
+    p.jump(JEQ_K, 0x60, None, Some(drop));
+    p.put(LD_B_ABS, 6);
+    p.jump(JEQ_K, u32::from(libc::IPPROTO_UDP as u8), None, Some(drop));
+    p.put(LD_H_ABS, 40 + 2);
+    p.jump(JEQ_K, u32::from(rnic_wire::ROCE_V2_PORT), None, Some(drop));
+    for a in addrs {
+        if let IpAddr::V6(a) = a {
+            let next = p.label();
+            for (i, w) in a.octets().chunks(4).enumerate() {
+                let w = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
+                p.put(LD_W_ABS, 24 + 4 * i as u32);
+                let last = i == 3;
+                p.jump(JEQ_K, w, last.then_some(accept), Some(next));
+            }
+            p.here(next);
+        }
+    }
+    p.here(drop);
+    p.put(RET_K, 0);
+    p.here(accept);
+    p.put(RET_K, ACCEPT);
+    p.finish()
 }
 
 fn attach(fd: BorrowedFd<'_>, filter: &[libc::sock_filter]) -> io::Result<()> {
@@ -90,15 +189,22 @@ pub(crate) fn receive_nothing(socket: &UdpSocket) -> io::Result<()> {
     attach(socket.as_fd(), &[op(RET_K, 0, 0, 0)])
 }
 
-/// An interface, by name: its index and first IPv4 address.
+/// The most addresses a NIC on an interface takes from it (the GID table's
+/// length): its filter compares a packet's destination with each.
+pub const MAX_GIDS: usize = 16;
+
+/// An interface, by name: its index, addresses and MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interface {
     /// Its name.
     pub name: String,
     /// Its index.
     pub index: u32,
-    /// Its first IPv4 address: the NIC's.
-    pub addr: Ipv4Addr,
+    /// Its addresses in the order a RoCE port's GID table lists them (as
+    /// rdma_rxe and ConnectX do on an interface configured the usual way):
+    /// the IPv6 link-local address first (the default GID), then the IPv4
+    /// addresses, then the other IPv6 addresses; at most [`MAX_GIDS`].
+    pub gids: Vec<IpAddr>,
     /// Its MTU: the largest IP packet it carries.
     pub mtu: u32,
 }
@@ -116,12 +222,13 @@ impl Interface {
                 format!("no network interface {name}"),
             ));
         }
-        let addr = ipv4_of(name)?.ok_or_else(|| {
-            io::Error::new(
+        let gids = gid_order(addrs_of(name)?);
+        if gids.is_empty() {
+            return Err(io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("network interface {name} has no IPv4 address"),
-            )
-        })?;
+                format!("network interface {name} has no IP address"),
+            ));
+        }
         let mtu = std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))?;
         let mtu = mtu.trim().parse().map_err(|_| {
             io::Error::new(
@@ -132,22 +239,67 @@ impl Interface {
         Ok(Interface {
             name: name.into(),
             index,
-            addr,
+            gids,
             mtu,
         })
     }
+
+    /// The NIC's own address, what it answers with where nothing names a
+    /// GID: the first IPv4 address, or else the first IPv6 one that is not
+    /// link-local, or else the link-local one.
+    pub fn addr(&self) -> IpAddr {
+        let v4 = self.gids.iter().find(|a| a.is_ipv4());
+        let global = self.gids.iter().find(|a| !link_local(**a));
+        *v4.or(global).unwrap_or(&self.gids[0])
+    }
+
+    /// The scope to give a link-local IPv6 address of this interface in a
+    /// socket address (0 for any other address).
+    pub fn scope_of(&self, addr: IpAddr) -> u32 {
+        if link_local(addr) {
+            self.index
+        } else {
+            0
+        }
+    }
 }
 
-/// The first IPv4 address of interface `name`.
-fn ipv4_of(name: &str) -> io::Result<Option<Ipv4Addr>> {
+/// An IPv6 link-local address (fe80::/10).
+pub(crate) fn link_local(a: IpAddr) -> bool {
+    matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xFFC0 == 0xFE80)
+}
+
+/// `addrs` in GID table order (see [`Interface::gids`]), IPv4-mapped IPv6
+/// addresses taken as the IPv4 addresses they are, each once, at most
+/// [`MAX_GIDS`].
+fn gid_order(addrs: Vec<IpAddr>) -> Vec<IpAddr> {
+    let addrs: Vec<IpAddr> = addrs.into_iter().map(|a| a.to_canonical()).collect();
+    let rank = |a: &IpAddr| match a {
+        _ if link_local(*a) => 0,
+        IpAddr::V4(_) => 1,
+        IpAddr::V6(_) => 2,
+    };
+    let mut out: Vec<IpAddr> = Vec::new();
+    for r in 0..3 {
+        for a in addrs.iter().filter(|a| rank(a) == r) {
+            if !out.contains(a) && out.len() < MAX_GIDS {
+                out.push(*a);
+            }
+        }
+    }
+    out
+}
+
+/// The IPv4 and IPv6 addresses of interface `name`, as the kernel lists them.
+fn addrs_of(name: &str) -> io::Result<Vec<IpAddr>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `list`, freed below.
     if unsafe { libc::getifaddrs(&mut list) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut found = None;
+    let mut found = Vec::new();
     let mut p = list;
-    while !p.is_null() && found.is_none() {
+    while !p.is_null() {
         // SAFETY: a node of the list getifaddrs returned, not yet freed.
         let a = unsafe { &*p };
         // SAFETY: ifa_name is a C string.
@@ -158,7 +310,13 @@ fn ipv4_of(name: &str) -> io::Result<Option<Ipv4Addr>> {
             if i32::from(family) == libc::AF_INET {
                 // SAFETY: an AF_INET address is a sockaddr_in.
                 let sin = unsafe { &*(a.ifa_addr as *const libc::sockaddr_in) };
-                found = Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                found.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))));
+            } else if i32::from(family) == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*(a.ifa_addr as *const libc::sockaddr_in6) };
+                found.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
             }
         }
         p = a.ifa_next;
@@ -168,9 +326,10 @@ fn ipv4_of(name: &str) -> io::Result<Option<Ipv4Addr>> {
     Ok(found)
 }
 
-/// The packet socket on an interface, filtered to the NIC's RoCE v2 packets.
-pub(crate) fn open(iface: &Interface) -> io::Result<OwnedFd> {
-    let proto = (libc::ETH_P_IP as u16).to_be();
+/// The packet socket on an interface, filtered to the RoCE v2 packets
+/// for `addrs` (the NIC's).
+pub(crate) fn open(iface: &Interface, addrs: &[IpAddr]) -> io::Result<OwnedFd> {
+    let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
         libc::socket(
@@ -185,7 +344,7 @@ pub(crate) fn open(iface: &Interface) -> io::Result<OwnedFd> {
     // SAFETY: a new descriptor, owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // The filter goes on before the bind: no packet is queued unfiltered.
-    attach(fd.as_fd(), &roce_filter(iface.addr))?;
+    attach(fd.as_fd(), &roce_filter(addrs)?)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -206,12 +365,17 @@ pub(crate) fn open(iface: &Interface) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The IB packet (BTH through ICRC) of an IPv4 packet the frame socket
-/// took in: past the IP header (its IHL words) and the UDP header; empty if
-/// the packet is shorter than that. Enough to look at the opcode and the
-/// QP before the NIC parses and verifies the whole packet.
+/// The IB packet (BTH through ICRC) of an IP packet the frame socket took
+/// in: past the IP header (an IPv4 header's IHL words, or IPv6's 40 bytes)
+/// and the UDP header; empty if the packet is shorter than that. Enough to
+/// look at the opcode and the QP before the NIC parses and verifies the
+/// whole packet.
 pub(crate) fn ib_packet(ip_packet: &[u8]) -> &[u8] {
-    let ip_len = ip_packet.first().map_or(0, |b| usize::from(b & 0x0F) * 4);
+    let ip_len = match ip_packet.first() {
+        Some(b) if b >> 4 == 6 => 40,
+        Some(b) => usize::from(b & 0x0F) * 4,
+        None => 0,
+    };
     ip_packet.get(ip_len + 8..).unwrap_or_default()
 }
 
@@ -219,9 +383,24 @@ pub(crate) fn ib_packet(ip_packet: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    /// What the kernel knows of a packet beside its bytes.
+    struct Meta {
+        protocol: u16,
+        pkttype: u32,
+    }
+
+    const IN4: Meta = Meta {
+        protocol: libc::ETH_P_IP as u16,
+        pkttype: 0,
+    };
+    const IN6: Meta = Meta {
+        protocol: libc::ETH_P_IPV6 as u16,
+        pkttype: 0,
+    };
+
     /// Run a classic BPF program over `pkt` as the kernel would (only the
     /// instructions the filters here use): what it returns.
-    fn run(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+    fn run(prog: &[libc::sock_filter], pkt: &[u8], meta: &Meta) -> u32 {
         let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
         let byte = |i: usize| pkt.get(i).copied();
         loop {
@@ -229,6 +408,8 @@ mod tests {
             let k = i.k as usize;
             pc += 1;
             let load = match i.code {
+                LD_H_ABS if i.k == AD_PROTOCOL => Some(u32::from(meta.protocol)),
+                LD_W_ABS if i.k == AD_PKTTYPE => Some(meta.pkttype),
                 LD_B_ABS => byte(k).map(u32::from),
                 LD_H_ABS => byte(k)
                     .zip(byte(k + 1))
@@ -286,11 +467,33 @@ mod tests {
         p
     }
 
+    /// An IPv6 UDP packet from fd00::2 to `dst`:`port`, 64 bytes of payload.
+    fn udp6(dst: Ipv6Addr, port: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 40 + 8 + 64];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&(8u16 + 64).to_be_bytes());
+        p[6] = 17;
+        p[7] = 64;
+        p[8..24].copy_from_slice(&"fd00::2".parse::<Ipv6Addr>().unwrap().octets());
+        p[24..40].copy_from_slice(&dst.octets());
+        p[40..42].copy_from_slice(&0xC123u16.to_be_bytes());
+        p[42..44].copy_from_slice(&port.to_be_bytes());
+        p
+    }
+
+    fn v4(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn v6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn the_filter_passes_roce_to_this_address_only() {
-        let me: Ipv4Addr = "10.0.0.1".parse().unwrap();
-        let f = roce_filter(me);
-        let pass = |p: &[u8]| run(&f, p) != 0;
+        let me = v4("10.0.0.1");
+        let f = roce_filter(&[IpAddr::V4(me)]).unwrap();
+        let pass = |p: &[u8]| run(&f, p, &IN4) != 0;
         assert!(pass(&udp4(me, 4791)));
         // IP options: the UDP header moves, and the port is found there.
         let mut opts = udp4(me, 4791);
@@ -298,10 +501,7 @@ mod tests {
         opts.splice(20..20, [1, 1, 1, 1]);
         assert!(pass(&opts));
         assert!(!pass(&udp4(me, 4790)), "another port");
-        assert!(
-            !pass(&udp4("10.0.0.3".parse().unwrap(), 4791)),
-            "another address"
-        );
+        assert!(!pass(&udp4(v4("10.0.0.3"), 4791)), "another address");
         let mut tcp = udp4(me, 4791);
         tcp[9] = 6;
         assert!(!pass(&tcp), "TCP");
@@ -315,13 +515,113 @@ mod tests {
         assert!(!pass(&more), "a first fragment");
         let mut v6 = udp4(me, 4791);
         v6[0] = 0x60;
-        assert!(!pass(&v6), "IPv6");
+        assert!(!pass(&v6), "an IPv6 version in an IPv4 packet");
         assert!(!pass(&udp4(me, 4791)[..22]), "cut short before the port");
+        let leaving = Meta {
+            pkttype: PACKET_OUTGOING,
+            ..IN4
+        };
+        assert_eq!(
+            run(&f, &udp4(me, 4791), &leaving),
+            0,
+            "what this host sends"
+        );
+        let arp = Meta {
+            protocol: 0x0806,
+            pkttype: 0,
+        };
+        assert_eq!(run(&f, &udp4(me, 4791), &arp), 0, "not IP");
+    }
+
+    #[test]
+    fn the_filter_passes_roce_to_each_of_the_nics_addresses() {
+        let addrs = [
+            IpAddr::V6(v6("fe80::1")),
+            IpAddr::V4(v4("10.0.0.1")),
+            IpAddr::V4(v4("10.0.1.1")),
+            IpAddr::V6(v6("fd00::1")),
+        ];
+        let f = roce_filter(&addrs).unwrap();
+        let pass4 = |p: &[u8]| run(&f, p, &IN4) != 0;
+        let pass6 = |p: &[u8]| run(&f, p, &IN6) != 0;
+        assert!(pass4(&udp4(v4("10.0.0.1"), 4791)));
+        assert!(pass4(&udp4(v4("10.0.1.1"), 4791)));
+        assert!(!pass4(&udp4(v4("10.0.2.1"), 4791)));
+        assert!(pass6(&udp6(v6("fe80::1"), 4791)));
+        assert!(pass6(&udp6(v6("fd00::1"), 4791)));
+        assert!(!pass6(&udp6(v6("fd00::1"), 4790)), "another port");
+        // Every one of the four words counts: an address one bit off in
+        // each is not ours.
+        for word in 0..4 {
+            let mut o = v6("fd00::1").octets();
+            o[4 * word + 3] ^= 0x10;
+            assert!(!pass6(&udp6(Ipv6Addr::from(o), 4791)), "word {word}");
+        }
+        let mut ext = udp6(v6("fd00::1"), 4791);
+        ext[6] = 0; // a hop-by-hop header first
+        assert!(!pass6(&ext), "an extension header");
+        let mut tcp = udp6(v6("fd00::1"), 4791);
+        tcp[6] = 6;
+        assert!(!pass6(&tcp), "TCP");
+        assert!(!pass6(&udp6(v6("fd00::1"), 4791)[..43]), "cut short");
+        // A packet whose EtherType says IPv6 must be IPv6 inside.
+        assert!(!pass6(&udp4(v4("10.0.0.1"), 4791)));
+        assert!(!pass4(&udp6(v6("fd00::1"), 4791)));
+        // No IPv6 address: no IPv6 packet.
+        let only4 = roce_filter(&[IpAddr::V4(v4("10.0.0.1"))]).unwrap();
+        assert_eq!(run(&only4, &udp6(v6("fd00::1"), 4791), &IN6), 0);
+    }
+
+    #[test]
+    fn sixteen_addresses_fit_the_filter() {
+        let many: Vec<IpAddr> = (0..MAX_GIDS as u16)
+            .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i + 1)))
+            .chain([IpAddr::V4(v4("10.0.0.1"))])
+            .collect();
+        let f = roce_filter(&many).unwrap();
+        assert_eq!(run(&f, &udp4(v4("10.0.0.1"), 4791), &IN4), ACCEPT);
+        let last = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, MAX_GIDS as u16);
+        assert_eq!(run(&f, &udp6(last, 4791), &IN6), ACCEPT);
+        // Far more than an interface is given: an error, not a panic.
+        let too_many: Vec<IpAddr> = (0..64u16)
+            .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i + 1)))
+            .chain([IpAddr::V4(v4("10.0.0.1"))])
+            .collect();
+        assert!(roce_filter(&too_many).is_err());
+    }
+
+    #[test]
+    fn gids_are_in_a_roce_ports_order() {
+        let given = vec![
+            IpAddr::V6(v6("fd00::1")),
+            IpAddr::V4(v4("10.0.0.1")),
+            IpAddr::V6(v6("fe80::1")),
+            IpAddr::V6(v6("::ffff:10.0.0.1")),
+            IpAddr::V4(v4("10.0.1.1")),
+        ];
+        assert_eq!(
+            gid_order(given),
+            [
+                IpAddr::V6(v6("fe80::1")),
+                IpAddr::V4(v4("10.0.0.1")),
+                IpAddr::V4(v4("10.0.1.1")),
+                IpAddr::V6(v6("fd00::1")),
+            ]
+        );
+        let i = Interface {
+            name: "x".into(),
+            index: 7,
+            gids: gid_order(vec![IpAddr::V6(v6("fe80::1")), IpAddr::V6(v6("fd00::1"))]),
+            mtu: 1500,
+        };
+        assert_eq!(i.addr(), IpAddr::V6(v6("fd00::1")));
+        assert_eq!(i.scope_of(IpAddr::V6(v6("fe80::1"))), 7);
+        assert_eq!(i.scope_of(IpAddr::V6(v6("fd00::1"))), 0);
     }
 
     #[test]
     fn the_ib_packet_follows_the_ip_and_udp_headers() {
-        let me: Ipv4Addr = "10.0.0.1".parse().unwrap();
+        let me = v4("10.0.0.1");
         let mut p = udp4(me, 4791);
         p[28] = 0x0A;
         assert_eq!(ib_packet(&p).first(), Some(&0x0A));
@@ -330,15 +630,16 @@ mod tests {
         assert_eq!(ib_packet(&p).len(), 60);
         assert!(ib_packet(&p[..20]).is_empty());
         assert!(ib_packet(&[]).is_empty());
+        let mut q = udp6(v6("fd00::1"), 4791);
+        q[48] = 0x0B;
+        assert_eq!(ib_packet(&q).first(), Some(&0x0B));
+        assert_eq!(ib_packet(&q).len(), 64);
     }
 
     #[test]
     fn the_udp_socket_filter_drops_everything() {
         assert_eq!(
-            run(
-                &[op(RET_K, 0, 0, 0)],
-                &udp4("10.0.0.1".parse().unwrap(), 4791)
-            ),
+            run(&[op(RET_K, 0, 0, 0)], &udp4(v4("10.0.0.1"), 4791), &IN4),
             0
         );
     }

@@ -88,6 +88,8 @@ pub enum Error {
     /// The region's memory is still held by the NIC (it was not given by the
     /// caller, or something still refers to it).
     NotReturnable,
+    /// No entry at this index in the port's GID table ([`Device::gids`]).
+    NoSuchGid(usize),
     /// An environment variable rnic reads has a value it cannot use.
     BadEnv {
         /// The variable.
@@ -112,6 +114,7 @@ impl fmt::Display for Error {
             Error::NotReturnable => {
                 f.write_str("the region's memory was not the caller's, or is still in use")
             }
+            Error::NoSuchGid(i) => write!(f, "the port has no GID {i}"),
             Error::BadEnv {
                 var,
                 value,
@@ -201,13 +204,15 @@ impl Device {
             .call(|st| st.impair.as_ref().map(|i| i.stats).unwrap_or_default())?)
     }
 
-    /// Open a NIC on network interface `name`, at its IPv4 address, taking
-    /// packets in as whole frames (see [`frames`]): the transport to talk
-    /// to peers that put their own IPv4 identification in each packet, as
-    /// rdma_rxe does. Needs CAP_NET_RAW.
+    /// Open a NIC on network interface `name`, at every address it has
+    /// (its GID table, [`Device::gids`]; its own address is the first IPv4
+    /// one), taking packets in as whole frames (see [`frames`]): the
+    /// transport to talk to peers that put their own IPv4 identification
+    /// in each packet, as rdma_rxe does, and the one for RoCE v2 over
+    /// IPv6 on a link. Needs CAP_NET_RAW.
     pub fn open_on_interface(name: &str) -> Result<Device> {
         let iface = frames::Interface::find(name)?;
-        Device::start(IpAddr::V4(iface.addr), Some(&iface))
+        Device::start(iface.addr(), Some(&iface))
     }
 
     /// Record every packet of this device in the pcap file at `path` (devices
@@ -240,12 +245,19 @@ impl Device {
         self.engine.addr
     }
 
-    /// The port's RoCE v2 GID: the IPv4-mapped IPv6 address, or the IPv6 address.
+    /// The port's RoCE v2 GID of its own address: the IPv4-mapped IPv6
+    /// address, or the IPv6 address.
     pub fn gid(&self) -> Ipv6Addr {
-        match self.engine.addr {
-            IpAddr::V4(a) => a.to_ipv6_mapped(),
-            IpAddr::V6(a) => a,
-        }
+        gid_of(self.engine.addr)
+    }
+
+    /// The port's GID table: every address the NIC answers at, in the
+    /// order a RoCE port lists them (on the frame transport the IPv6
+    /// link-local address, the IPv4 addresses, the other IPv6 addresses;
+    /// on loopback, the one address). An IPv4 address is the IPv4-mapped
+    /// GID.
+    pub fn gids(&self) -> &[IpAddr] {
+        &self.engine.gids
     }
 
     /// What the device supports (`ibv_query_device`).
@@ -264,7 +276,7 @@ impl Device {
         PortAttr {
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::for_link(link_mtu, overhead).unwrap_or(Mtu::Mtu256),
-            gid_tbl_len: 1,
+            gid_tbl_len: self.gids().len() as u32,
             gid: self.gid(),
         }
     }
@@ -671,6 +683,7 @@ impl ProtectionDomain {
             dev: self.dev.clone(),
             qpn,
             sq_psn: rand_psn()?,
+            src: None,
         })
     }
 
@@ -712,9 +725,34 @@ impl ProtectionDomain {
         })
     }
 
-    /// An address handle for UD sends to `dest` (`ibv_create_ah`).
+    /// An address handle for UD sends to `dest` (`ibv_create_ah`), from
+    /// the address the NIC chooses ([`rnic_core::Nic::source_for`]).
     pub fn create_ah(&self, dest: IpAddr) -> AddressHandle {
-        AddressHandle { dest }
+        AddressHandle { dest, src: None }
+    }
+
+    /// An address handle for UD sends to `dest` from GID `sgid_index` of
+    /// the port's table ([`Device::gids`]), which must be of `dest`'s
+    /// family (IPv4 or IPv6).
+    pub fn create_ah_from(&self, dest: IpAddr, sgid_index: usize) -> Result<AddressHandle> {
+        let src = *self
+            .dev
+            .gids()
+            .get(sgid_index)
+            .ok_or(Error::NoSuchGid(sgid_index))?;
+        if src.is_ipv4() != dest.is_ipv4() {
+            return Err(Error::Verb(VerbError::Modify(
+                rnic_core::qp::ModifyError::InvalidValue {
+                    attr: AttrMask::AV,
+                    value: sgid_index as u64,
+                    rule: "the source GID must be of the destination's family",
+                },
+            )));
+        }
+        Ok(AddressHandle {
+            dest,
+            src: Some(src),
+        })
     }
 }
 
@@ -1058,6 +1096,8 @@ impl SharedReceiveQueue {
 pub struct AddressHandle {
     /// The peer's IP address (its GID).
     pub dest: IpAddr,
+    /// The address to send from; `None`: the NIC chooses.
+    pub src: Option<IpAddr>,
 }
 
 /// A completion queue. Dropping it destroys it, at once or, if queue pairs
@@ -1201,12 +1241,23 @@ impl Default for ConnectOptions {
     }
 }
 
+/// The RoCE v2 GID of an address: the IPv4-mapped IPv6 address, or the
+/// IPv6 address.
+pub fn gid_of(addr: IpAddr) -> Ipv6Addr {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
+
 /// A queue pair. Dropping it destroys it.
 #[derive(Debug)]
 pub struct QueuePair {
     dev: Device,
     qpn: u32,
     sq_psn: u32,
+    /// The address it sends from, if chosen ([`QueuePair::use_gid`]).
+    src: Option<IpAddr>,
 }
 
 impl Drop for QueuePair {
@@ -1224,7 +1275,7 @@ impl QueuePair {
     /// What the peer needs to connect to this QP.
     pub fn endpoint(&self) -> Endpoint {
         Endpoint {
-            addr: self.dev.addr(),
+            addr: self.src.unwrap_or_else(|| self.dev.addr()),
             qpn: self.qpn,
             psn: self.sq_psn,
         }
@@ -1238,6 +1289,16 @@ impl QueuePair {
         self.sq_psn = psn.value();
     }
 
+    /// Send from, and be reached at, GID `index` of the port's table
+    /// ([`Device::gids`]) rather than the device's own address (`-g` of
+    /// ibv_rc_pingpong): an IPv6 address, say. Before
+    /// [`QueuePair::endpoint`] is handed to the peer.
+    pub fn use_gid(&mut self, index: usize) -> Result<()> {
+        let addr = *self.dev.gids().get(index).ok_or(Error::NoSuchGid(index))?;
+        self.src = Some(addr);
+        Ok(())
+    }
+
     /// Take the QP through INIT, RTR and RTS to `remote`, as ibv_rc_pingpong does.
     pub fn connect(&self, remote: &Endpoint, o: &ConnectOptions) -> Result<()> {
         let qpn = self.qpn;
@@ -1245,6 +1306,7 @@ impl QueuePair {
             qp_access_flags: o.access,
             ah_attr: Some(AddressVector {
                 dest: remote.addr,
+                src: self.src,
                 traffic_class: 0,
                 hop_limit: 64,
                 flow_label: 0,
@@ -1268,7 +1330,8 @@ impl QueuePair {
             // Flow entropy for ECMP, as rdma_rxe gives it: a source port per
             // QP pair, from a socket of its own; 4791 if none can be bound.
             let preferred = rnic_wire::encap::udp::rxe_src_port(qpn, remote_qpn);
-            match st.source_port(preferred) {
+            let src = st.nic.query_qp(qpn)?.ah_attr.and_then(|a| a.src);
+            match src.and_then(|src| st.source_port(src, preferred)) {
                 Some(p) => st.nic.set_qp_source_port(qpn, p).map(|()| p),
                 None => Ok(engine::ROCE_PORT),
             }
@@ -1303,6 +1366,7 @@ impl QueuePair {
         let qpn = self.qpn;
         let to = UdDest {
             dest: ah.dest,
+            src: ah.src,
             qpn: remote_qpn,
             qkey: remote_qkey,
         };

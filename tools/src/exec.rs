@@ -59,6 +59,25 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: 
         None => None,
     };
     let mut devices = devices.map(str::to_string);
+    let iface = std::env::var("RNIC_IFACE").ok().filter(|i| !i.is_empty());
+    if sysfs && list.is_none() && addr.is_none() {
+        if let Some(name) = iface {
+            // The default device on an interface: the interface's
+            // addresses, its GID table, as the library will take them.
+            let i = match rnic_verbs::frames::Interface::find(&name) {
+                Ok(i) => i,
+                Err(e) => return format!("--iface {name}: {e}"),
+            };
+            let devs = [sysfs::Dev {
+                name: "rnic0",
+                gids: i.gids,
+            }];
+            if let Err(e) = sysfs::enter(&devs) {
+                return e;
+            }
+            return exec(program, args, &dir, None);
+        }
+    }
     if sysfs {
         // sysfs shows addresses, so the default device's is chosen here, the
         // way the library would choose it, and handed on in RNIC_DEVICES.
@@ -80,7 +99,7 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: 
             .filter_map(|d| {
                 Some(sysfs::Dev {
                     name: &d.name,
-                    addr: d.addr?,
+                    gids: vec![d.addr?],
                 })
             })
             .collect();
@@ -88,6 +107,12 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: 
             return e;
         }
     }
+    exec(program, args, &dir, devices)
+}
+
+/// Replace this process with `program`, the library in `dir` first on its
+/// path, `devices` in RNIC_DEVICES if given. Returns only on failure.
+fn exec(program: &OsString, args: &[OsString], dir: &Path, devices: Option<String>) -> String {
     let mut path = OsString::from(dir.as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         path.push(":");

@@ -120,11 +120,17 @@ enum Command {
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
         #[arg(short = 'm', long, default_value_t = 1024)]
         mtu: u32,
-        /// Run the NIC on this network interface, at its IPv4 address, with
-        /// the frame transport (needs CAP_NET_RAW): to talk to rdma_rxe or
-        /// a hardware RoCE NIC. Without it, on a loopback address.
+        /// Run the NIC on this network interface, at every address it has
+        /// (its GID table), with the frame transport (needs CAP_NET_RAW): to
+        /// talk to rdma_rxe or a hardware RoCE NIC. Without it, on a
+        /// loopback address.
         #[arg(long)]
         iface: Option<String>,
+        /// The local GID to use, by index in the port's table (as
+        /// ibv_rc_pingpong's -g): with --iface, IPv6 or IPv4. By default,
+        /// the device's own address (the interface's first IPv4 address).
+        #[arg(short = 'g', long = "gid-idx")]
+        gid_index: Option<usize>,
         /// The first PSN this side sends (24 bits; 0x prefix for hex),
         /// instead of a random one: 0xffff00 makes a run cross the wrap.
         #[arg(long, value_parser = parse_psn)]
@@ -143,9 +149,11 @@ enum Command {
         /// or unprivileged user namespaces.
         #[arg(long)]
         sysfs: bool,
-        /// Run the default device on this network interface, at its IPv4
-        /// address, with the frame transport (sets RNIC_IFACE; needs
-        /// CAP_NET_RAW): to talk to rdma_rxe or a hardware RoCE NIC.
+        /// Run the default device on this network interface, at every
+        /// address it has (its GID table: the IPv6 link-local address, the
+        /// IPv4 addresses, the other IPv6 addresses, as on a RoCE port),
+        /// with the frame transport (sets RNIC_IFACE; needs CAP_NET_RAW): to
+        /// talk to rdma_rxe or a hardware RoCE NIC.
         #[arg(long)]
         iface: Option<String>,
         /// The program.
@@ -282,6 +290,7 @@ fn main() -> ExitCode {
             iters,
             mtu,
             iface,
+            gid_index,
             psn,
         } => {
             let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
@@ -295,6 +304,7 @@ fn main() -> ExitCode {
                 iters,
                 mtu,
                 iface,
+                gid_index,
                 psn,
             };
             match pingpong::run(&o) {

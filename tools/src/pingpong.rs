@@ -2,7 +2,6 @@
 //! exchange queue pair numbers, PSNs and GIDs over TCP, in ibv_rc_pingpong's own
 //! format, then bounce messages back and forth over RC SENDs.
 
-use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use rnic_verbs::rendezvous;
@@ -23,6 +22,9 @@ pub struct Options {
     pub mtu: Mtu,
     /// The network interface of the frame transport, if not loopback.
     pub iface: Option<String>,
+    /// The local GID, by index in the port's table, if not the device's
+    /// own address.
+    pub gid_index: Option<usize>,
     /// The first PSN this side sends, if not a random one.
     pub psn: Option<rnic_wire::Psn>,
 }
@@ -50,22 +52,22 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
     if let Some(psn) = o.psn {
         qp.set_psn(psn);
     }
+    if let Some(i) = o.gid_index {
+        qp.use_gid(i)?;
+    }
     let mine = qp.endpoint();
     println!(
         "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         mine.qpn,
         mine.psn,
-        dev.gid()
+        gid_of(mine.addr)
     );
     let remote = exchange(o, &mine)?;
     println!(
         "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         remote.qpn,
         remote.psn,
-        match remote.addr {
-            IpAddr::V4(a) => a.to_ipv6_mapped(),
-            IpAddr::V6(a) => a,
-        }
+        gid_of(remote.addr)
     );
     let opts = ConnectOptions {
         mtu: o.mtu,

@@ -32,8 +32,8 @@ const CLASS: &str = "/sys/class";
 pub struct Dev<'a> {
     /// Its name (`rnic0`).
     pub name: &'a str,
-    /// Its address (the port's one GID).
-    pub addr: IpAddr,
+    /// Its GID table: the addresses, in the port's order (one on loopback).
+    pub gids: Vec<IpAddr>,
 }
 
 /// Enter a private mount namespace whose `/sys/class/infiniband` lists
@@ -127,7 +127,13 @@ fn write_device(d: &Dev<'_>) -> std::io::Result<()> {
         }
         fs::write(path, format!("{text}\n"))
     };
-    let guid = guid_text(ibverbs::guid_of(d.addr));
+    let Some(&own) = d.gids.first() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: no address", d.name),
+        ));
+    };
+    let guid = guid_text(ibverbs::guid_of(own));
     put(&dev.join("node_type"), "1: CA")?;
     put(&dev.join("node_guid"), &guid)?;
     put(&dev.join("sys_image_guid"), &guid)?;
@@ -141,20 +147,21 @@ fn write_device(d: &Dev<'_>) -> std::io::Result<()> {
     put(&port.join("sm_lid"), "0x0")?;
     put(&port.join("lid_mask_count"), "0")?;
     put(&port.join("pkeys/0"), "0xffff")?;
-    put(&port.join("gids/0"), &gid_text(d.addr))?;
-    put(&port.join("gid_attrs/types/0"), "RoCE v2")?;
-    match ibverbs::netdev_of(d.addr) {
-        Some((netdev, _)) => {
-            put(&port.join("gid_attrs/ndevs/0"), &netdev)?;
-            fs::create_dir_all(dev.join("device/net"))?;
-            std::os::unix::fs::symlink(
-                Path::new(CLASS).join("net").join(&netdev),
-                dev.join("device/net").join(&netdev),
-            )?;
+    fs::create_dir_all(port.join("gid_attrs/ndevs"))?;
+    for (i, &addr) in d.gids.iter().enumerate() {
+        put(&port.join(format!("gids/{i}")), &gid_text(addr))?;
+        put(&port.join(format!("gid_attrs/types/{i}")), "RoCE v2")?;
+        // No interface holding the address: a GID without a network
+        // device, and no device/net entry (what rdma-core's tests take
+        // as "no IP").
+        if let Some((netdev, _)) = ibverbs::netdev_of(addr) {
+            put(&port.join(format!("gid_attrs/ndevs/{i}")), &netdev)?;
+            let link = dev.join("device/net").join(&netdev);
+            if !link.exists() {
+                fs::create_dir_all(dev.join("device/net"))?;
+                std::os::unix::fs::symlink(Path::new(CLASS).join("net").join(&netdev), link)?;
+            }
         }
-        // No interface holds the address: a GID without a network device,
-        // and no device/net entry (what rdma-core's tests take as "no IP").
-        None => fs::create_dir_all(port.join("gid_attrs/ndevs"))?,
     }
     Ok(())
 }

@@ -87,6 +87,7 @@ impl Target {
         let attr = QpAttr {
             ah_attr: Some(AddressVector {
                 dest: PEER,
+                src: None,
                 traffic_class: 0,
                 hop_limit: 64,
                 flow_label: 0,

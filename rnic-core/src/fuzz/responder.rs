@@ -116,6 +116,7 @@ impl Target {
                 qp_access_flags: remote | Access::FLUSH_GLOBAL,
                 ah_attr: Some(AddressVector {
                     dest: PEER,
+                    src: None,
                     traffic_class: 0,
                     hop_limit: 64,
                     flow_label: 0,

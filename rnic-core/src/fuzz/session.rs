@@ -79,6 +79,7 @@ fn connect(me: &mut Side, peer: (IpAddr, u32), mtu: Mtu, now: Time) {
             | Access::FLUSH_GLOBAL,
         ah_attr: Some(AddressVector {
             dest: peer.0,
+            src: None,
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,
@@ -290,6 +291,7 @@ pub fn run(data: &[u8]) {
                 let ok = if qp_type == QpType::Ud {
                     let to = UdDest {
                         dest: peer.addr,
+                        src: None,
                         qpn: peer.qpn,
                         qkey: 0x1111_1111,
                     };

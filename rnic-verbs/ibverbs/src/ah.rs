@@ -52,6 +52,7 @@ pub unsafe extern "C" fn ibv_create_ah(
         // SAFETY: the program's pointers.
         let (pd, attr) = unsafe { (Pd::from_c(pd)?, ffi::input(attr)?) };
         let dest = dest_of(pd.context(), attr)?;
+        let src = src_of(pd.context(), attr)?;
         let hold = pd.pd.hold().map_err(|e| ffi::errno_of(&e))?;
         Ok(Ah {
             _hold: hold,
@@ -61,7 +62,7 @@ pub unsafe extern "C" fn ibv_create_ah(
                 handle: next_handle(),
             },
             magic: Ah::MAGIC,
-            ah: pd.pd.create_ah(dest),
+            ah: rnic_verbs::AddressHandle { dest, src },
         }
         .into_c())
     })
@@ -74,6 +75,35 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut sys::ibv_ah) -> c_int {
         unsafe { ffi::free::<Ah>(ah) }.ok_or(libc::EINVAL)?;
         Ok(())
     })
+}
+
+/// The address a GRH's `sgid_index` names in the port's GID table (EINVAL
+/// past its end, or of another family than the destination's); without a
+/// GRH, the NIC's choice.
+pub(crate) fn src_of(ctx: &Context, ah: &sys::ibv_ah_attr) -> Result<Option<IpAddr>, i32> {
+    if ah.is_global == 0 {
+        return Ok(None);
+    }
+    let gids = ctx.nic.gids();
+    let Some(&src) = gids.get(usize::from(ah.grh.sgid_index)) else {
+        eprintln!(
+            "rnic: {}: no GID {} (the port has {}; `ibv_devinfo -v` lists them)",
+            crate::device::name_of(ctx),
+            ah.grh.sgid_index,
+            gids.len()
+        );
+        return Err(libc::EINVAL);
+    };
+    if src.is_ipv4() != dest_of(ctx, ah)?.is_ipv4() {
+        eprintln!(
+            "rnic: {}: GID {} ({}) cannot reach a GID of the other IP version",
+            crate::device::name_of(ctx),
+            ah.grh.sgid_index,
+            rnic_verbs::gid_of(src)
+        );
+        return Err(libc::EINVAL);
+    }
+    Ok(Some(src))
 }
 
 /// rdma-core's helper for answering a UD sender: the address its receive

@@ -678,10 +678,10 @@ pub unsafe extern "C" fn ibv_query_gid(
     ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (ctx, gid) = unsafe { (Context::from_c(ctx)?, ffi::out(gid)?) };
-        if port_num != 1 || index != 0 {
+        if port_num != 1 {
             return Err(libc::EINVAL);
         }
-        gid.raw = ctx.nic.gid().octets();
+        gid.raw = gid_at(ctx, index)?.octets();
         Ok(0)
     })
 }
@@ -698,24 +698,36 @@ pub unsafe extern "C" fn ibv_query_gid_type(
     // -1 with errno on failure, as rdma-core returns it.
     ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
-        let (_, t) = unsafe { (Context::from_c(ctx)?, ffi::out(gid_type)?) };
-        if port_num != 1 || index != 0 {
+        let (ctx, t) = unsafe { (Context::from_c(ctx)?, ffi::out(gid_type)?) };
+        if port_num != 1 {
             return Err(libc::EINVAL);
         }
+        gid_at(ctx, index.try_into().unwrap_or(c_int::MAX))?;
         *t = 1; // IBV_GID_TYPE_SYSFS_ROCE_V2
         Ok(0)
     })
 }
 
-fn gid_entry(ctx: &Context) -> sys::ibv_gid_entry {
+/// GID `index` of the port's table: EINVAL past its end, as rdma-core
+/// answers for an index beyond `gid_tbl_len`.
+pub(crate) fn gid_at(ctx: &Context, index: c_int) -> Result<std::net::Ipv6Addr, i32> {
+    let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
+    let addr = ctx.nic.gids().get(i).ok_or(libc::EINVAL)?;
+    Ok(rnic_verbs::gid_of(*addr))
+}
+
+/// The GID table's entry `index` (RoCE v2, on the interface that has the
+/// address), if there is one.
+fn gid_entry(ctx: &Context, index: usize) -> Option<sys::ibv_gid_entry> {
+    let addr = *ctx.nic.gids().get(index)?;
     // SAFETY: plain data.
     let mut e: sys::ibv_gid_entry = unsafe { std::mem::zeroed() };
-    e.gid.raw = ctx.nic.gid().octets();
-    e.gid_index = 0;
+    e.gid.raw = rnic_verbs::gid_of(addr).octets();
+    e.gid_index = index as u32;
     e.port_num = 1;
     e.gid_type = sys::IBV_GID_TYPE_ROCE_V2;
-    e.ndev_ifindex = netdev_of(ctx.nic.addr()).map_or(0, |(_, i)| i);
-    e
+    e.ndev_ifindex = netdev_of(addr).map_or(0, |(_, i)| i);
+    Some(e)
 }
 
 #[no_mangle]
@@ -733,11 +745,12 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<sys::ibv_gid_entry>() {
             return Err(libc::EINVAL);
         }
-        if port_num != 1 || gid_index != 0 {
+        if port_num != 1 {
             return Err(libc::ENODATA);
         }
+        let e = gid_entry(ctx, gid_index as usize).ok_or(libc::ENODATA)?;
         // SAFETY: the program's entry, of at least our size.
-        unsafe { *entry = gid_entry(ctx) };
+        unsafe { *entry = e };
         Ok(())
     })
 }
@@ -757,12 +770,23 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     if flags != 0 || entries.is_null() || entry_size < std::mem::size_of::<sys::ibv_gid_entry>() {
         return -(libc::EINVAL as isize);
     }
-    if max_entries == 0 {
+    let n = ctx.nic.gids().len();
+    if max_entries < n {
         return -(libc::EINVAL as isize);
     }
-    // SAFETY: room for at least one entry.
-    unsafe { *entries = gid_entry(ctx) };
-    1
+    for i in 0..n {
+        let Some(e) = gid_entry(ctx, i) else { break };
+        // SAFETY: room for `max_entries` entries of `entry_size` bytes
+        // each, at least ours, and i < n <= max_entries.
+        unsafe {
+            entries
+                .cast::<u8>()
+                .add(i * entry_size)
+                .cast::<sys::ibv_gid_entry>()
+                .write_unaligned(e)
+        };
+    }
+    n as isize
 }
 
 #[no_mangle]

@@ -16,7 +16,7 @@ use rnic_verbs::{
     QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, SgList, Sge, DEVICE_ATTR, MAX_INLINE_DATA,
 };
 
-use crate::ah::{dest_of, Ah};
+use crate::ah::{dest_of, src_of, Ah};
 use crate::cq::Cq;
 use crate::device::Context;
 use crate::ffi::{self, object, Object};
@@ -278,6 +278,7 @@ fn masked<T>(mask: AttrMask, bit: AttrMask, value: Option<T>, default: T) -> Res
 fn av_of(ctx: &Context, ah: &sys::ibv_ah_attr) -> Result<AddressVector, i32> {
     Ok(AddressVector {
         dest: dest_of(ctx, ah)?,
+        src: src_of(ctx, ah)?,
         traffic_class: ah.grh.traffic_class,
         hop_limit: if ah.is_global != 0 {
             ah.grh.hop_limit
@@ -389,6 +390,10 @@ pub unsafe extern "C" fn ibv_query_qp(
             out.ah_attr.is_global = 1;
             out.ah_attr.port_num = 1;
             out.ah_attr.grh.dgid.raw = gid.octets();
+            if let (Some(src), Ok(ctx)) = (av.src, q.context()) {
+                let index = ctx.nic.gids().iter().position(|&g| g == src);
+                out.ah_attr.grh.sgid_index = index.unwrap_or(0) as u8;
+            }
             out.ah_attr.grh.hop_limit = av.hop_limit;
             out.ah_attr.grh.traffic_class = av.traffic_class;
             out.ah_attr.grh.flow_label = av.flow_label;

@@ -1,0 +1,280 @@
+//! The frame transport on both sides of a real link: two network
+//! namespaces joined by a veth pair, each end with an IPv4 address, a
+//! global IPv6 address and its link-local one, and an rnic NIC on each end
+//! (`Device::open_on_interface`, a process of its own in each namespace).
+//! The NICs' GID tables come from the interfaces, in a RoCE port's order,
+//! and an RC connection over each GID (IPv4, IPv6, link-local IPv6) moves
+//! a WRITE, a READ of it back and a SEND, every byte checked on both sides.
+//!
+//! Needs root (namespaces, CAP_NET_RAW); without it the test says it was
+//! skipped, and fails if `RNIC_REQUIRE_TOOLS` is set.
+
+use std::net::IpAddr;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use rnic_verbs::rendezvous::{self, EndpointRecord, RemoteBuffer};
+use rnic_verbs::*;
+
+const T: Duration = Duration::from_secs(20);
+/// Bytes written and read back per connection.
+const LEN: usize = 256 * 1024;
+/// Where the SEND lands in the server's region, and its length; where the
+/// client's READ lands, and where it sends from.
+const RECV_AT: usize = LEN;
+const SEND_LEN: usize = 1000;
+const READ_AT: usize = LEN;
+const SEND_AT: usize = 2 * LEN;
+/// The GIDs each side uses, by index in the port's table: the IPv4 one,
+/// the global IPv6 one, the link-local one.
+const GIDS: [usize; 3] = [1, 2, 0];
+
+fn pattern(i: usize, round: usize) -> u8 {
+    (i.wrapping_mul(7) + round * 31) as u8
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The namespaces, removed (and the veth pair with them) when dropped.
+struct Namespaces(Vec<String>);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// One side: a process running the `veth_peer` test in namespace `ns`.
+fn side(ns: &str, role: &str, iface: &str, port: u16) -> std::process::Child {
+    let me = std::env::current_exe().unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", ns, "timeout", "90"])
+        .arg(me)
+        .args(["--exact", "veth_peer", "--nocapture", "--test-threads=1"])
+        .env("RNIC_VETH_ROLE", role)
+        .env("RNIC_VETH_IFACE", iface)
+        .env("RNIC_VETH_PORT", port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
+    if std::env::var_os("RNIC_VETH_ROLE").is_some() {
+        return; // a side's process: `veth_peer` runs there
+    }
+    let id = std::process::id() % 100_000;
+    let ns = Namespaces(vec![
+        format!("rnic-veth-{id}-a"),
+        format!("rnic-veth-{id}-b"),
+    ]);
+    let (a, b) = (&ns.0[0], &ns.0[1]);
+    if !ip(&["netns", "add", a]) {
+        eprintln!("SKIPPED: cannot make a network namespace (not root?)");
+        assert!(
+            std::env::var_os("RNIC_REQUIRE_TOOLS").is_none(),
+            "root is required"
+        );
+        return;
+    }
+    assert!(ip(&["netns", "add", b]));
+    let (va, vb) = (format!("rva{id}"), format!("rvb{id}"));
+    for n in [a, b] {
+        // Addresses usable at once: no duplicate address detection, so no
+        // IPv6 address is "tentative" (unbindable) when a NIC starts.
+        assert!(ip(&[
+            "netns",
+            "exec",
+            n,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+            "net.ipv6.conf.all.disable_ipv6=0",
+            "net.ipv6.conf.default.disable_ipv6=0",
+        ]));
+        assert!(ip(&["-n", n, "link", "set", "lo", "up"]));
+    }
+    assert!(ip(&[
+        "link", "add", &va, "netns", a, "type", "veth", "peer", "name", &vb, "netns", b
+    ]));
+    for (n, dev, v4, v6) in [
+        (a, &va, "10.99.0.1/24", "fd99::1/64"),
+        (b, &vb, "10.99.0.2/24", "fd99::2/64"),
+    ] {
+        assert!(ip(&["-n", n, "addr", "add", v4, "dev", dev]));
+        assert!(ip(&["-n", n, "addr", "add", v6, "dev", dev, "nodad"]));
+        assert!(ip(&["-n", n, "link", "set", dev, "up"]));
+    }
+    // The kernel gives each end its link-local address once the link is
+    // up at both ends: wait for both (at most 5 s).
+    for (n, dev) in [(a, &va), (b, &vb)] {
+        let has_link_local = || {
+            Command::new("ip")
+                .args(["-n", n, "-6", "addr", "show", "dev", dev, "scope", "link"])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("fe80::"))
+        };
+        let mut tries = 0;
+        while !has_link_local() {
+            tries += 1;
+            assert!(tries < 100, "{dev} has no link-local address after 5 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let port = 41_000 + (id % 4_000) as u16 * 4;
+    let server = side(b, "server", &vb, port);
+    let client = side(a, "client", &va, port).wait_with_output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let (c, s) = (text(&client), text(&server));
+    println!("client:\n{c}\nserver:\n{s}");
+    assert!(client.status.success(), "the client failed:\n{c}");
+    assert!(server.status.success(), "the server failed:\n{s}");
+    for g in GIDS {
+        assert!(c.contains(&format!("gid {g} ")), "no run on GID {g}:\n{c}");
+        assert!(s.contains(&format!("gid {g} ")), "no run on GID {g}:\n{s}");
+    }
+}
+
+/// One side of the test above, in its namespace (does nothing unless
+/// `RNIC_VETH_ROLE` is set).
+#[test]
+fn veth_peer() {
+    let Ok(role) = std::env::var("RNIC_VETH_ROLE") else {
+        return;
+    };
+    let iface = std::env::var("RNIC_VETH_IFACE").unwrap();
+    let port: u16 = std::env::var("RNIC_VETH_PORT").unwrap().parse().unwrap();
+    let server = role == "server";
+    let dev = Device::open_on_interface(&iface).unwrap();
+    let gids = dev.gids().to_vec();
+    println!("{iface}: GIDs {gids:?}");
+    // The interface's addresses as a RoCE port lists them: link-local,
+    // IPv4, global IPv6.
+    let me = if server { 2 } else { 1 };
+    assert_eq!(gids.len(), 3, "{gids:?}");
+    assert!(matches!(gids[0], IpAddr::V6(a) if a.segments()[0] == 0xfe80));
+    assert_eq!(gids[1], IpAddr::from([10, 99, 0, me]));
+    assert_eq!(gids[2], format!("fd99::{me}").parse::<IpAddr>().unwrap());
+    assert_eq!(
+        dev.addr(),
+        gids[1],
+        "the device's own address is its IPv4 one"
+    );
+    for (round, &g) in GIDS.iter().enumerate() {
+        let port = port + round as u16;
+        let pd = dev.alloc_pd().unwrap();
+        let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = pd.register(3 * LEN, rights).unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let mut qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+        qp.use_gid(g).unwrap();
+        assert_eq!(qp.endpoint().addr, gids[g]);
+        let mine = EndpointRecord {
+            endpoint: qp.endpoint(),
+            buffer: Some(RemoteBuffer {
+                va: mr.addr(),
+                rkey: mr.rkey(),
+                len: LEN as u64,
+            }),
+        };
+        let theirs = if server {
+            rendezvous::serve(port, &mine).unwrap()
+        } else {
+            rendezvous::connect("10.99.0.2", port, &mine, T).unwrap()
+        };
+        assert_eq!(
+            theirs.endpoint.addr.is_ipv4(),
+            gids[g].is_ipv4(),
+            "the peer's GID is of this GID's family"
+        );
+        let o = ConnectOptions {
+            mtu: Mtu::Mtu1024,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ,
+            ..ConnectOptions::default()
+        };
+        qp.connect(&theirs.endpoint, &o).unwrap();
+        if server {
+            // (A SEND here first meets an RNR NAK, and is sent again.)
+            qp.post_recv(RecvWr {
+                wr_id: 1,
+                sg_list: sg_list![mr.sge(RECV_AT, SEND_LEN as u32)],
+            })
+            .unwrap();
+            // The SEND comes after the WRITE: once it is here, so is the
+            // WRITE's every byte.
+            let c = cq.wait(T).unwrap();
+            assert_eq!(
+                (c.status, c.opcode, c.byte_len),
+                (WcStatus::Success, WcOpcode::Recv, SEND_LEN as u32)
+            );
+            let mut got = vec![0u8; LEN + SEND_LEN];
+            mr.read(0, &mut got);
+            for (i, &x) in got[..LEN].iter().enumerate() {
+                assert_eq!(x, pattern(i, round), "WRITE byte {i} on GID {g}");
+            }
+            for (i, &x) in got[LEN..].iter().enumerate() {
+                assert_eq!(x, pattern(i, round + 1), "SEND byte {i} on GID {g}");
+            }
+            // Stay until the client has read its bytes back.
+            rendezvous::serve(port + 10, &mine).unwrap();
+        } else {
+            let data: Vec<u8> = (0..LEN).map(|i| pattern(i, round)).collect();
+            mr.write(0, &data);
+            let msg: Vec<u8> = (0..SEND_LEN).map(|i| pattern(i, round + 1)).collect();
+            mr.write(SEND_AT, &msg);
+            let peer = theirs.buffer.unwrap();
+            let wr = |wr_id, op, sg| SendWr {
+                wr_id,
+                op,
+                sg_list: sg,
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            };
+            let write = SendOp::Write {
+                remote_addr: peer.va,
+                rkey: peer.rkey,
+                imm: None,
+            };
+            qp.post_send(wr(1, write, sg_list![mr.sge(0, LEN as u32)]))
+                .unwrap();
+            let read = SendOp::Read {
+                remote_addr: peer.va,
+                rkey: peer.rkey,
+            };
+            qp.post_send(wr(2, read, sg_list![mr.sge(READ_AT, LEN as u32)]))
+                .unwrap();
+            let send = SendOp::Send { imm: None };
+            let sg = sg_list![mr.sge(SEND_AT, SEND_LEN as u32)];
+            qp.post_send(wr(3, send, sg)).unwrap();
+            for id in 1..=3 {
+                let c = cq.wait(T).unwrap();
+                assert_eq!((c.wr_id, c.status), (id, WcStatus::Success), "{c:?}");
+            }
+            let mut back = vec![0u8; LEN];
+            mr.read(READ_AT, &mut back);
+            assert!(back == data, "the READ brought back what was written");
+            rendezvous::connect("10.99.0.2", port + 10, &mine, T).unwrap();
+        }
+        println!("gid {g} {}: WRITE, READ and SEND intact", gids[g]);
+    }
+}
