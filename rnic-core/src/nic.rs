@@ -639,6 +639,25 @@ impl Nic {
         self.mechanisms = m;
     }
 
+    /// Hand out only QP numbers whose top `bits` bits are `slot`: the
+    /// NIC's share of the QP number space when several NICs (processes)
+    /// share one address and the packets for each are told apart by their
+    /// destination QP. The rest of each number stays random. Only before
+    /// the first QP; an error (and no change) after it, or for a slot that
+    /// does not fit in `bits` (at most 8).
+    pub fn restrict_qpns(&mut self, slot: u32, bits: u32) -> Result<(), VerbError> {
+        if self.qps.iter().next().is_some() || bits > 8 || slot >> bits != 0 {
+            return Err(VerbError::Unsupported(
+                "a QP number slot is set before the first QP, in at most 8 bits",
+            ));
+        }
+        let shift = 24 - bits;
+        let lo = (slot << shift).max(QPNS.0);
+        let hi = (((slot + 1) << shift) - 1).min(QPNS.1);
+        self.qpns.set_range(lo, hi);
+        Ok(())
+    }
+
     /// The NIC's own address: the first of [`Nic::addrs`].
     pub fn addr(&self) -> IpAddr {
         self.addrs[0]
@@ -1593,6 +1612,46 @@ fn link_local(a: IpAddr) -> bool {
 mod tests {
     use super::{pkey_matches, Nic, QpCaps, QpType, QPNS};
     use core::net::{IpAddr, Ipv4Addr};
+
+    #[test]
+    fn a_qp_number_slot_keeps_the_top_bits_and_the_rest_random() {
+        let mut nic = Nic::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 5);
+        assert!(
+            nic.restrict_qpns(16, 4).is_err(),
+            "16 does not fit in 4 bits"
+        );
+        assert!(nic.restrict_qpns(0, 9).is_err());
+        nic.restrict_qpns(0xA, 4).unwrap();
+        let pd = nic.alloc_pd();
+        let cq = nic.create_cq(16);
+        let qpns: Vec<u32> = (0..200)
+            .map(|_| {
+                nic.create_qp(pd, QpType::Rc, cq, cq, QpCaps::default())
+                    .unwrap()
+            })
+            .collect();
+        assert!(qpns.iter().all(|q| q >> 20 == 0xA), "{qpns:x?}");
+        // The 20 bits below are drawn from all of their range.
+        assert!(qpns.iter().any(|q| q & 0xF_FFFF < 0x4_0000));
+        assert!(qpns.iter().any(|q| q & 0xF_FFFF > 0xC_0000));
+        assert!(nic.restrict_qpns(0xB, 4).is_err(), "not once QPs exist");
+        // Slot 0 keeps clear of the special QPs, the last of multicast.
+        let mut low = Nic::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 6);
+        low.restrict_qpns(0, 8).unwrap();
+        let mut high = Nic::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7);
+        high.restrict_qpns(0xFF, 8).unwrap();
+        for (nic, slot) in [(&mut low, 0), (&mut high, 0xFF)] {
+            let pd = nic.alloc_pd();
+            let cq = nic.create_cq(16);
+            for _ in 0..300 {
+                let q = nic
+                    .create_qp(pd, QpType::Ud, cq, cq, QpCaps::default())
+                    .unwrap();
+                assert_eq!(q >> 16, slot);
+                assert!((QPNS.0..=QPNS.1).contains(&q), "{q:#x}");
+            }
+        }
+    }
 
     #[test]
     fn qp_numbers_are_random_and_a_destroyed_one_finds_nothing() {

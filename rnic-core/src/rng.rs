@@ -151,6 +151,12 @@ impl Ids {
             .find(|&v| self.free(v, &taken))
     }
 
+    /// Draw from `lo..=hi` from now on.
+    pub fn set_range(&mut self, lo: u32, hi: u32) {
+        self.lo = lo;
+        self.hi = hi;
+    }
+
     /// Whether `v` itself may be used: in the range, not `taken`, not
     /// resting.
     pub fn claim(&self, v: u32, taken: impl Fn(u32) -> bool) -> bool {

@@ -542,6 +542,9 @@ pub(crate) struct Engine {
     pub addrs: Vec<IpAddr>,
     /// The same in GID table order ([`crate::frames::Interface::gids`]).
     pub gids: Vec<IpAddr>,
+    /// On the frame transport, what holds this NIC's slot of the QP
+    /// number space on the interface while it lives.
+    _slot_claim: Option<std::os::unix::net::UnixDatagram>,
     /// The largest IP packet the link carries.
     pub link_mtu: u32,
     /// The process that started the thread: a forked child has a copy of
@@ -561,11 +564,34 @@ fn to_socket_addr(to: IpAddr, scope: u32) -> SocketAddr {
 }
 
 fn open_socket(addr: IpAddr, port: u16, scope: u32) -> io::Result<UdpSocket> {
+    open_socket_shared(addr, port, scope, false)
+}
+
+/// A UDP socket on `addr`:`port` to send from; with `shared`, one that
+/// other processes' NICs on the same address may bind too (SO_REUSEPORT:
+/// on the frame transport, where port 4791 only keeps the kernel from
+/// answering, and each NIC takes its packets in from its frame socket).
+fn open_socket_shared(addr: IpAddr, port: u16, scope: u32, shared: bool) -> io::Result<UdpSocket> {
     let at = match addr {
         IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, port, 0, scope)),
         IpAddr::V4(_) => SocketAddr::new(addr, port),
     };
-    let socket = UdpSocket::bind(at)?;
+    let family = if addr.is_ipv4() {
+        rustix::net::AddressFamily::INET
+    } else {
+        rustix::net::AddressFamily::INET6
+    };
+    let fd = rustix::net::socket_with(
+        family,
+        rustix::net::SocketType::DGRAM,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    if shared {
+        rustix::net::sockopt::set_socket_reuseport(&fd, true)?;
+    }
+    rustix::net::bind(&fd, &at)?;
+    let socket = UdpSocket::from(fd);
     socket.set_nonblocking(true)?;
     if addr.is_ipv4() {
         // DF on every datagram and IPv4 identification 0: the ICRC convention.
@@ -615,18 +641,31 @@ impl Engine {
         if let Some(i) = iface {
             addrs.extend(i.gids.iter().filter(|&&a| a != addr));
         }
-        let socket = open_socket(addr, ROCE_PORT, scope_of(addr))?;
+        let shared = iface.is_some();
+        let socket = open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared)?;
         let mut send_sockets = HashMap::new();
+        let mut nic = Nic::with_secret(addr, secret);
+        for &a in &addrs[1..] {
+            nic.add_addr(a);
+        }
+        let mut slot_claim = None;
         let frames = match iface {
             Some(i) => {
-                let f = crate::frames::open(i, &addrs)?;
+                // Other processes' NICs may be on this interface too: this
+                // one takes a slot of the QP number space, and its frame
+                // socket only the packets to its QPs.
+                let (slot, claim) = crate::frames::claim_slot(i)?;
+                nic.restrict_qpns(slot.slot, slot.bits)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                slot_claim = Some(claim);
+                let f = crate::frames::open(i, &addrs, Some(slot))?;
                 crate::frames::receive_nothing(&socket)?;
                 // Port 4791 of every other address: bound, so that the
                 // kernel answers no RoCE packet with an ICMP port
                 // unreachable, receiving nothing, sending what the NIC
                 // sends from there.
                 for &a in &addrs[1..] {
-                    let s = open_socket(a, ROCE_PORT, scope_of(a)).map_err(|e| {
+                    let s = open_socket_shared(a, ROCE_PORT, scope_of(a), true).map_err(|e| {
                         io::Error::new(e.kind(), format!("UDP port {ROCE_PORT} of {a}: {e}"))
                     })?;
                     crate::frames::receive_nothing(&s)?;
@@ -642,10 +681,6 @@ impl Engine {
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
         let start = Instant::now();
-        let mut nic = Nic::with_secret(addr, secret);
-        for &a in &addrs[1..] {
-            nic.add_addr(a);
-        }
         // Packets of QPs without a port of their own leave from 4791.
         nic.set_udp_source_port(Some(ROCE_PORT));
         let state = EngineState {
@@ -707,6 +742,7 @@ impl Engine {
             thread: Some(thread),
             addr,
             gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
+            _slot_claim: slot_claim,
             addrs,
             link_mtu: link_mtu(addr, iface),
             pid: std::process::id(),

@@ -35,6 +35,7 @@ const LD_B_ABS: u16 = 0x30;
 const LD_H_ABS: u16 = 0x28;
 const LD_W_ABS: u16 = 0x20;
 const LD_H_IND: u16 = 0x48;
+const LD_W_IND: u16 = 0x40;
 const LDX_B_MSH: u16 = 0xb1;
 const ALU_AND_K: u16 = 0x54;
 const JEQ_K: u16 = 0x15;
@@ -80,14 +81,16 @@ impl Program {
         self.put(code, k);
     }
     /// The program, or an error if a jump is longer than classic BPF
-    /// allows (more addresses than [`MAX_GIDS`] would need).
+    /// allows (more addresses than [`MAX_GIDS`] would need), goes back, or
+    /// goes to a label never placed.
     fn finish(mut self) -> io::Result<Vec<libc::sock_filter>> {
         let too_long = || io::Error::new(io::ErrorKind::InvalidInput, "a filter jump too long");
         for &(at, yes, no) in &self.jumps {
             let off = |l: Option<Label>| match l {
                 None => Ok(0),
                 Some(l) => self.labels[l.0]
-                    .and_then(|to| u8::try_from(to - at - 1).ok())
+                    .and_then(|to| to.checked_sub(at + 1))
+                    .and_then(|off| u8::try_from(off).ok())
                     .ok_or_else(too_long),
             };
             self.code[at].jt = off(yes)?;
@@ -97,12 +100,33 @@ impl Program {
     }
 }
 
+/// Which packets of an address are this NIC's when several share it: those
+/// whose BTH destination QP has `slot` in its top `bits` bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpnSlot {
+    /// The value of the top bits.
+    pub slot: u32,
+    /// How many bits.
+    pub bits: u32,
+}
+
+impl QpnSlot {
+    /// (mask, value) of the 32-bit word that holds the BTH's reserved byte
+    /// and its destination QP.
+    fn word(self) -> (u32, u32) {
+        let shift = 24 - self.bits;
+        (((1 << self.bits) - 1) << shift, self.slot << shift)
+    }
+}
+
 /// The filter for an IP-level packet socket: IPv4 or IPv6, arriving (not
-/// leaving), UDP, to one of `addrs`, destination port 4791, not a fragment;
-/// everything else is dropped in the kernel.
-fn roce_filter(addrs: &[IpAddr]) -> io::Result<Vec<libc::sock_filter>> {
+/// leaving), UDP, to one of `addrs`, destination port 4791, not a fragment,
+/// and to a QP of `slot` if given; everything else is dropped in the
+/// kernel.
+fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::sock_filter>> {
     let mut p = Program::default();
     let (drop, accept, v6, port4) = (p.label(), p.label(), p.label(), p.label());
+    let (qpn4, qpn6) = (p.label(), p.label());
     p.put(LD_W_ABS, AD_PKTTYPE);
     p.jump(JEQ_K, PACKET_OUTGOING, Some(drop), None);
     p.put(LD_H_ABS, AD_PROTOCOL);
@@ -129,7 +153,7 @@ fn roce_filter(addrs: &[IpAddr]) -> io::Result<Vec<libc::sock_filter>> {
     p.jump(
         JEQ_K,
         u32::from(rnic_wire::ROCE_V2_PORT),
-        Some(accept),
+        Some(qpn4),
         Some(drop),
     );
     // IPv6: version 6, next header UDP, to one of ours, port 4791.
@@ -148,15 +172,31 @@ fn roce_filter(addrs: &[IpAddr]) -> io::Result<Vec<libc::sock_filter>> {
                 let w = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
                 p.put(LD_W_ABS, 24 + 4 * i as u32);
                 let last = i == 3;
-                p.jump(JEQ_K, w, last.then_some(accept), Some(next));
+                p.jump(JEQ_K, w, last.then_some(qpn6), Some(next));
             }
             p.here(next);
         }
     }
-    p.here(drop);
-    p.put(RET_K, 0);
+    p.jump(JEQ_K, 0, Some(drop), Some(drop));
+    // The destination QP, in the BTH's second word (past the UDP header).
+    p.here(qpn4);
+    if let Some(s) = slot {
+        p.put(LD_W_IND, 8 + 4);
+        let (mask, value) = s.word();
+        p.put(ALU_AND_K, mask);
+        p.jump(JEQ_K, value, Some(accept), Some(drop));
+    }
+    p.here(qpn6);
+    if let Some(s) = slot {
+        p.put(LD_W_ABS, 40 + 8 + 4);
+        let (mask, value) = s.word();
+        p.put(ALU_AND_K, mask);
+        p.jump(JEQ_K, value, Some(accept), Some(drop));
+    }
     p.here(accept);
     p.put(RET_K, ACCEPT);
+    p.here(drop);
+    p.put(RET_K, 0);
     p.finish()
 }
 
@@ -326,9 +366,49 @@ fn addrs_of(name: &str) -> io::Result<Vec<IpAddr>> {
     Ok(found)
 }
 
+/// How many top bits of a QP number say which NIC on an interface it is
+/// on: up to 16 NICs (processes) share an interface, and each QP number
+/// keeps 20 random bits.
+pub const SLOT_BITS: u32 = 4;
+
+/// Claim the first free slot of the QP number space on `iface`, for as
+/// long as the returned socket is open: an abstract Unix socket named
+/// after the interface and the slot (abstract names belong to the network
+/// namespace, as the interface does, and the kernel frees a name when its
+/// last descriptor closes, however the process ended).
+pub(crate) fn claim_slot(
+    iface: &Interface,
+) -> io::Result<(QpnSlot, std::os::unix::net::UnixDatagram)> {
+    use std::os::linux::net::SocketAddrExt;
+    for slot in 0..1 << SLOT_BITS {
+        let name = format!("rnic/qpn-slot/{}/{slot}", iface.name);
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        match std::os::unix::net::UnixDatagram::bind_addr(&addr) {
+            Ok(s) => {
+                let bits = SLOT_BITS;
+                return Ok((QpnSlot { slot, bits }, s));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!(
+            "{} NICs already run on {}; no slot of QP numbers is free",
+            1 << SLOT_BITS,
+            iface.name
+        ),
+    ))
+}
+
 /// The packet socket on an interface, filtered to the RoCE v2 packets
 /// for `addrs` (the NIC's).
-pub(crate) fn open(iface: &Interface, addrs: &[IpAddr]) -> io::Result<OwnedFd> {
+pub(crate) fn open(
+    iface: &Interface,
+    addrs: &[IpAddr],
+    slot: Option<QpnSlot>,
+) -> io::Result<OwnedFd> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
@@ -344,7 +424,7 @@ pub(crate) fn open(iface: &Interface, addrs: &[IpAddr]) -> io::Result<OwnedFd> {
     // SAFETY: a new descriptor, owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // The filter goes on before the bind: no packet is queued unfiltered.
-    attach(fd.as_fd(), &roce_filter(addrs)?)?;
+    attach(fd.as_fd(), &roce_filter(addrs, slot)?)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -423,6 +503,11 @@ mod tests {
                         .zip(byte(at + 1))
                         .map(|(h, l)| u32::from(h) << 8 | u32::from(l))
                 }
+                LD_W_IND => {
+                    let at = x as usize + k;
+                    pkt.get(at..at + 4)
+                        .map(|w| u32::from_be_bytes(w.try_into().unwrap()))
+                }
                 LDX_B_MSH => {
                     x = u32::from(byte(k).unwrap_or(0) & 0x0F) * 4;
                     continue;
@@ -492,7 +577,7 @@ mod tests {
     #[test]
     fn the_filter_passes_roce_to_this_address_only() {
         let me = v4("10.0.0.1");
-        let f = roce_filter(&[IpAddr::V4(me)]).unwrap();
+        let f = roce_filter(&[IpAddr::V4(me)], None).unwrap();
         let pass = |p: &[u8]| run(&f, p, &IN4) != 0;
         assert!(pass(&udp4(me, 4791)));
         // IP options: the UDP header moves, and the port is found there.
@@ -541,7 +626,7 @@ mod tests {
             IpAddr::V4(v4("10.0.1.1")),
             IpAddr::V6(v6("fd00::1")),
         ];
-        let f = roce_filter(&addrs).unwrap();
+        let f = roce_filter(&addrs, None).unwrap();
         let pass4 = |p: &[u8]| run(&f, p, &IN4) != 0;
         let pass6 = |p: &[u8]| run(&f, p, &IN6) != 0;
         assert!(pass4(&udp4(v4("10.0.0.1"), 4791)));
@@ -568,8 +653,64 @@ mod tests {
         assert!(!pass6(&udp4(v4("10.0.0.1"), 4791)));
         assert!(!pass4(&udp6(v6("fd00::1"), 4791)));
         // No IPv6 address: no IPv6 packet.
-        let only4 = roce_filter(&[IpAddr::V4(v4("10.0.0.1"))]).unwrap();
+        let only4 = roce_filter(&[IpAddr::V4(v4("10.0.0.1"))], None).unwrap();
         assert_eq!(run(&only4, &udp6(v6("fd00::1"), 4791), &IN6), 0);
+    }
+
+    #[test]
+    fn with_a_slot_the_filter_passes_only_the_slots_qps() {
+        let me4 = v4("10.0.0.1");
+        let me6 = v6("fd00::1");
+        let slot = QpnSlot { slot: 0x5, bits: 4 };
+        let f = roce_filter(&[IpAddr::V4(me4), IpAddr::V6(me6)], Some(slot)).unwrap();
+        // The BTH's destination QP: bytes 5-7 of the UDP payload.
+        let to_qp = |mut p: Vec<u8>, udp_at: usize, qpn: u32| {
+            p[udp_at + 8 + 4] = 0; // reserved
+            p[udp_at + 8 + 5..udp_at + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            p
+        };
+        for (qpn, ours) in [
+            (0x50_0000, true),
+            (0x5F_FFFF, true),
+            (0x51_2345, true),
+            (0x4F_FFFF, false),
+            (0x60_0000, false),
+            (0xD5_0000, false),
+        ] {
+            let p4 = to_qp(udp4(me4, 4791), 20, qpn);
+            assert_eq!(run(&f, &p4, &IN4) != 0, ours, "IPv4, QP {qpn:#x}");
+            let p6 = to_qp(udp6(me6, 4791), 40, qpn);
+            assert_eq!(run(&f, &p6, &IN6) != 0, ours, "IPv6, QP {qpn:#x}");
+        }
+        // With IP options the BTH moves, and the QP is found there.
+        let mut opts = to_qp(udp4(me4, 4791), 20, 0x4F_0000);
+        opts[0] = 0x46;
+        opts.splice(20..20, [0x50, 0x50, 0x50, 0x50]);
+        assert_eq!(run(&f, &opts, &IN4), 0);
+        let mut opts = to_qp(udp4(me4, 4791), 20, 0x52_0000);
+        opts[0] = 0x46;
+        opts.splice(20..20, [0, 0, 0, 0]);
+        assert_ne!(run(&f, &opts, &IN4), 0);
+        // The rest of the checks still hold.
+        assert_eq!(run(&f, &to_qp(udp4(me4, 4790), 20, 0x50_0000), &IN4), 0);
+        assert_eq!(
+            run(&f, &to_qp(udp6(v6("fd00::9"), 4791), 40, 0x50_0000), &IN6),
+            0
+        );
+    }
+
+    #[test]
+    fn a_jump_back_or_nowhere_is_an_error() {
+        let mut p = Program::default();
+        let back = p.label();
+        p.here(back);
+        p.put(RET_K, 0);
+        p.jump(JEQ_K, 0, Some(back), None);
+        assert!(p.finish().is_err());
+        let mut p = Program::default();
+        let nowhere = p.label();
+        p.jump(JEQ_K, 0, None, Some(nowhere));
+        assert!(p.finish().is_err());
     }
 
     #[test]
@@ -578,7 +719,7 @@ mod tests {
             .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i + 1)))
             .chain([IpAddr::V4(v4("10.0.0.1"))])
             .collect();
-        let f = roce_filter(&many).unwrap();
+        let f = roce_filter(&many, None).unwrap();
         assert_eq!(run(&f, &udp4(v4("10.0.0.1"), 4791), &IN4), ACCEPT);
         let last = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, MAX_GIDS as u16);
         assert_eq!(run(&f, &udp6(last, 4791), &IN6), ACCEPT);
@@ -587,7 +728,7 @@ mod tests {
             .map(|i| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i + 1)))
             .chain([IpAddr::V4(v4("10.0.0.1"))])
             .collect();
-        assert!(roce_filter(&too_many).is_err());
+        assert!(roce_filter(&too_many, None).is_err());
     }
 
     #[test]

@@ -52,7 +52,7 @@ impl Drop for Namespaces {
 }
 
 /// One side: a process running the `veth_peer` test in namespace `ns`.
-fn side(ns: &str, role: &str, iface: &str, port: u16) -> std::process::Child {
+fn side(ns: &str, role: &str, iface: &str, port: u16, gids: &str) -> std::process::Child {
     let me = std::env::current_exe().unwrap();
     Command::new("ip")
         .args(["netns", "exec", ns, "timeout", "90"])
@@ -61,6 +61,7 @@ fn side(ns: &str, role: &str, iface: &str, port: u16) -> std::process::Child {
         .env("RNIC_VETH_ROLE", role)
         .env("RNIC_VETH_IFACE", iface)
         .env("RNIC_VETH_PORT", port.to_string())
+        .env("RNIC_VETH_GIDS", gids)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -75,15 +76,14 @@ fn text(o: &Output) -> String {
     )
 }
 
-#[test]
-fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
-    if std::env::var_os("RNIC_VETH_ROLE").is_some() {
-        return; // a side's process: `veth_peer` runs there
-    }
+/// Two namespaces joined by a veth pair (see the file's comment): the
+/// namespaces (removed when dropped) and the two ends' names; `None`, with
+/// a note, if namespaces cannot be made here.
+fn veth_pair(tag: &str) -> Option<(Namespaces, String, String)> {
     let id = std::process::id() % 100_000;
     let ns = Namespaces(vec![
-        format!("rnic-veth-{id}-a"),
-        format!("rnic-veth-{id}-b"),
+        format!("rnic-veth-{id}-{tag}a"),
+        format!("rnic-veth-{id}-{tag}b"),
     ]);
     let (a, b) = (&ns.0[0], &ns.0[1]);
     if !ip(&["netns", "add", a]) {
@@ -92,10 +92,10 @@ fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
             std::env::var_os("RNIC_REQUIRE_TOOLS").is_none(),
             "root is required"
         );
-        return;
+        return None;
     }
     assert!(ip(&["netns", "add", b]));
-    let (va, vb) = (format!("rva{id}"), format!("rvb{id}"));
+    let (va, vb) = (format!("r{tag}a{id}"), format!("r{tag}b{id}"));
     for n in [a, b] {
         // Addresses usable at once: no duplicate address detection, so no
         // IPv6 address is "tentative" (unbindable) when a NIC starts.
@@ -139,9 +139,24 @@ fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+    Some((ns, va, vb))
+}
+
+#[test]
+fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
+    if std::env::var_os("RNIC_VETH_ROLE").is_some() {
+        return; // a side's process: `veth_peer` runs there
+    }
+    let Some((ns, va, vb)) = veth_pair("v") else {
+        return;
+    };
+    let (a, b) = (&ns.0[0], &ns.0[1]);
+    let id = std::process::id() % 100_000;
     let port = 41_000 + (id % 4_000) as u16 * 4;
-    let server = side(b, "server", &vb, port);
-    let client = side(a, "client", &va, port).wait_with_output().unwrap();
+    let server = side(b, "server", &vb, port, "1,2,0");
+    let client = side(a, "client", &va, port, "1,2,0")
+        .wait_with_output()
+        .unwrap();
     let server = server.wait_with_output().unwrap();
     let (c, s) = (text(&client), text(&server));
     println!("client:\n{c}\nserver:\n{s}");
@@ -163,6 +178,11 @@ fn veth_peer() {
     let iface = std::env::var("RNIC_VETH_IFACE").unwrap();
     let port: u16 = std::env::var("RNIC_VETH_PORT").unwrap().parse().unwrap();
     let server = role == "server";
+    let rounds: Vec<usize> = std::env::var("RNIC_VETH_GIDS")
+        .unwrap()
+        .split(',')
+        .map(|g| g.parse().unwrap())
+        .collect();
     let dev = Device::open_on_interface(&iface).unwrap();
     let gids = dev.gids().to_vec();
     println!("{iface}: GIDs {gids:?}");
@@ -178,7 +198,10 @@ fn veth_peer() {
         gids[1],
         "the device's own address is its IPv4 one"
     );
-    for (round, &g) in GIDS.iter().enumerate() {
+    // Every QP lives to the end: a late packet for one destroyed would
+    // count as for an unknown QP too.
+    let mut keep = Vec::new();
+    for (round, &g) in rounds.iter().enumerate() {
         let port = port + round as u16;
         let pd = dev.alloc_pd().unwrap();
         let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
@@ -186,6 +209,7 @@ fn veth_peer() {
         let cq = dev.create_cq(16).unwrap();
         let mut qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
         qp.use_gid(g).unwrap();
+        println!("qpn {:#08x}", qp.qpn());
         assert_eq!(qp.endpoint().addr, gids[g]);
         let mine = EndpointRecord {
             endpoint: qp.endpoint(),
@@ -212,12 +236,14 @@ fn veth_peer() {
         };
         qp.connect(&theirs.endpoint, &o).unwrap();
         if server {
-            // (A SEND here first meets an RNR NAK, and is sent again.)
             qp.post_recv(RecvWr {
                 wr_id: 1,
                 sg_list: sg_list![mr.sge(RECV_AT, SEND_LEN as u32)],
             })
             .unwrap();
+            // Both QPs are ready before the first request: none meets a
+            // QP not yet connected (which counts as for an unknown QP).
+            rendezvous::serve(port + 20, &mine).unwrap();
             // The SEND comes after the WRITE: once it is here, so is the
             // WRITE's every byte.
             let c = cq.wait(T).unwrap();
@@ -236,6 +262,7 @@ fn veth_peer() {
             // Stay until the client has read its bytes back.
             rendezvous::serve(port + 10, &mine).unwrap();
         } else {
+            rendezvous::connect("10.99.0.2", port + 20, &mine, T).unwrap();
             let data: Vec<u8> = (0..LEN).map(|i| pattern(i, round)).collect();
             mr.write(0, &data);
             let msg: Vec<u8> = (0..SEND_LEN).map(|i| pattern(i, round + 1)).collect();
@@ -276,5 +303,54 @@ fn veth_peer() {
             rendezvous::connect("10.99.0.2", port + 10, &mine, T).unwrap();
         }
         println!("gid {g} {}: WRITE, READ and SEND intact", gids[g]);
+        keep.push((qp, cq, mr, pd));
     }
+    // What reached this NIC was for its QPs: another NIC's packets on the
+    // same address stopped at its frame socket's filter.
+    let c = dev.counters().unwrap();
+    println!("unknown_qp={} icrc_errors={}", c.unknown_qp, c.icrc_errors);
+}
+
+/// Two NICs on each end of the link, four processes, two connections at
+/// once: each NIC takes a slot of the QP numbers, and its frame socket
+/// only its own QPs' packets, so none sees the other's.
+#[test]
+fn two_nics_share_each_address() {
+    if std::env::var_os("RNIC_VETH_ROLE").is_some() {
+        return;
+    }
+    let Some((ns, va, vb)) = veth_pair("s") else {
+        return;
+    };
+    let (a, b) = (&ns.0[0], &ns.0[1]);
+    let id = std::process::id() % 100_000;
+    let port = 45_000 + (id % 4_000) as u16 * 4;
+    // Two connections, each over the IPv4 GID and then the IPv6 one.
+    let servers = [
+        side(b, "server", &vb, port, "1,2"),
+        side(b, "server", &vb, port + 2, "1,2"),
+    ];
+    let clients = [
+        side(a, "client", &va, port, "1,2"),
+        side(a, "client", &va, port + 2, "1,2"),
+    ];
+    let mut slots = Vec::new();
+    for p in clients.into_iter().chain(servers) {
+        let o = p.wait_with_output().unwrap();
+        let t = text(&o);
+        println!("{t}");
+        assert!(o.status.success(), "a side failed:\n{t}");
+        assert!(t.contains("unknown_qp=0 icrc_errors=0"), "{t}");
+        let qpns: Vec<u32> = t
+            .lines()
+            .filter_map(|l| l.strip_prefix("qpn 0x"))
+            .map(|q| u32::from_str_radix(q.trim(), 16).unwrap())
+            .collect();
+        assert_eq!(qpns.len(), 2, "{t}");
+        assert_eq!(qpns[0] >> 20, qpns[1] >> 20, "one slot per NIC: {qpns:x?}");
+        slots.push(qpns[0] >> 20);
+    }
+    // The two NICs on each end have slots of their own.
+    assert_ne!(slots[0], slots[1], "{slots:?}");
+    assert_ne!(slots[2], slots[3], "{slots:?}");
 }
