@@ -12,9 +12,10 @@ out=/mnt/host/out
 mkdir -p $out
 exec >$out/guest.log 2>&1
 set -x
-sysctl -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+sysctl -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0
 $ip link set eth0 mtu "$(cat /mnt/host/mtu)" up
 $ip addr add 10.88.0.2/24 dev eth0
+$ip addr add fd88::2/64 dev eth0 nodad
 ping -c 1 -W 5 10.88.0.1 || exit 2
 # Impairment, both ways, if asked: netem on eth0 for what rxe sends, and on
 # an ifb device that eth0's ingress is redirected through for what it
@@ -36,7 +37,11 @@ rdma link add rxe0 type rxe netdev eth0 || exit 2
 gid=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
     case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*) echo "${g##*/}"; break ;; esac
 done)
-[ -n "$gid" ] || exit 2
+gid6=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    case "$(cat "$g")" in fd88:*) echo "${g##*/}"; break ;; esac
+done)
+[ -n "$gid" ] && [ -n "$gid6" ] || exit 2
+grep . /sys/class/infiniband/rxe0/ports/1/gids/* | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
 : >$out/results
 failed=0
 # attempt NAME ARGS...: one program on rxe0, its exit status in $rc.
@@ -71,11 +76,14 @@ while read -r name port prog all; do
     for a in $all; do
         case "$a" in rnic:*) ;; *) args="$args $a" ;; esac
     done
+    # (a case named *_v6 runs on the IPv6 GIDs)
+    g=$gid
+    case "$name" in *_v6) g=$gid6 ;; esac
     case "$prog" in
-    pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $gid" ;;
-    wire-checks) cmd="/mnt/host/wire-checks -d rxe0 -g $gid" ;;
-    ibv_*) cmd="$prog -d rxe0 -g $gid" ;;
-    *) cmd="$prog -d rxe0 -x $gid" ;;
+    pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $g" ;;
+    wire-checks) cmd="/mnt/host/wire-checks -d rxe0 -g $g" ;;
+    ibv_*) cmd="$prog -d rxe0 -g $g" ;;
+    *) cmd="$prog -d rxe0 -x $g" ;;
     esac
     # shellcheck disable=SC2086
     client "$name.rnic-server" $cmd $args -p "$port" 10.88.0.1
@@ -86,4 +94,6 @@ $tc -s qdisc show 2>/dev/null
 for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
     echo "${f##*/}=$(cat "$f")"
 done
+# What the kernel said (rdma_rxe warns there of what it drops).
+dmesg | tail -n 40
 exit $failed

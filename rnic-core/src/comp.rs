@@ -170,14 +170,16 @@ impl Qp {
     }
 
     /// The responder answered in sequence: the retry budget is whole again
-    /// (retry_cnt counts retries in a row without an answer), a NAK or a
-    /// gap may start a retransmission again, and a window shrunk by a
-    /// timeout doubles.
+    /// (retry_cnt counts retries in a row without an answer), the window
+    /// opens by what was acknowledged, and a NAK or a gap may start a
+    /// retransmission again.
     fn responder_heard(&mut self) {
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
         self.retry_started = false;
-        self.window = self.window.saturating_mul(2).min(MAX_INFLIGHT_PKTS);
+        let acked = self.una.forward_from(self.heard_una).min(MAX_INFLIGHT_PKTS);
+        self.heard_una = self.una;
+        self.window = (self.window + acked).min(MAX_INFLIGHT_PKTS);
     }
 
     /// Complete finished requests at the head of the send queue, in post order.
@@ -268,6 +270,9 @@ impl Qp {
         if !self.spend_retry(ctx) {
             return false;
         }
+        // A loss: half the window that lost it, as TCP halves its window.
+        let in_flight = self.max_sent.forward_from(self.una);
+        self.window = (in_flight / 2).clamp(RECOVERY_WINDOW, MAX_INFLIGHT_PKTS);
         self.retry_started = true;
         self.go_back(psn);
         true
@@ -303,10 +308,16 @@ impl Qp {
         }
         let expected = self.sq[i].first_psn.add(self.sq[i].resp_done);
         if psn != expected {
-            if psn.is_after(expected) && !self.retry_started {
-                // A response is missing: ask again from it, once per gap.
-                self.retry_from(ctx, expected);
-            }
+            // A response of this READ ahead of the one expected: the one
+            // missing may only be late (UDP reorders; netem's reordering
+            // lands inside nearly every 16-packet response), so it is
+            // dropped and nothing is asked again yet, as rdma_rxe's
+            // completer does (check_psn). A response to a later request
+            // shows the loss (`ack_before` then asks again), and the local
+            // ACK timer does if none comes. Asking again at once made
+            // every reordered packet re-request all the READs in flight,
+            // each time hundreds of responses, until the retries ran out.
+            ctx.counters.read_response_out_of_order += 1;
             return;
         }
         if !self.ack_before(ctx, psn) {

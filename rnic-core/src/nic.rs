@@ -1081,6 +1081,7 @@ impl Nic {
             (QpState::Rtr, QpState::Rts) => {
                 qp.sq_psn = Psn::new(qp.attr.sq_psn);
                 qp.una = qp.sq_psn;
+                qp.heard_una = qp.sq_psn;
                 qp.max_sent = qp.sq_psn;
                 qp.retry_left = qp.attr.retry_cnt;
                 qp.rnr_left = qp.attr.rnr_retry;

@@ -260,8 +260,9 @@ pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 /// (up to `MAX_INFLIGHT_PKTS`) to a responder that is merely slow (an
 /// emulated CPU behind a full queue) loses its head again behind the tail
 /// of the last burst, and the retries run out while the link is up. Each
-/// acknowledged step doubles the window back towards the maximum, as TCP
-/// opens its congestion window after a retransmission timeout.
+/// acknowledged packet opens the window by one, doubling it every round
+/// trip, as TCP opens its congestion window after a retransmission timeout;
+/// any other loss halves the window, to no less than this.
 pub(crate) const RECOVERY_WINDOW: u32 = 16;
 
 /// The largest number of packets all of a NIC's requesters together have
@@ -312,9 +313,13 @@ pub(crate) struct Qp {
     /// or a timeout started it); until the responder is seen to progress, a
     /// NAK or gap does not start another.
     pub retry_started: bool,
-    /// Packets that may be unacknowledged now: `MAX_INFLIGHT_PKTS`, or less
-    /// after a local ACK timeout (see [`RECOVERY_WINDOW`]).
+    /// Packets that may be unacknowledged now: `MAX_INFLIGHT_PKTS`, less
+    /// after a loss (halved, at least [`RECOVERY_WINDOW`]; that after a
+    /// local ACK timeout), and one more for every packet acknowledged: it
+    /// doubles in a round trip without loss, as TCP's window does in slow
+    /// start. `heard_una` is `una` when the window last grew.
     pub window: u32,
+    pub heard_una: Psn,
     /// What this QP adds to the NIC's [`Ctx::inflight`]: its unacknowledged
     /// packets when it last sent or heard, 0 outside RTS and SQD.
     pub counted: u32,
@@ -390,6 +395,7 @@ impl Qp {
             timer_at: None,
             retry_started: false,
             window: MAX_INFLIGHT_PKTS,
+            heard_una: Psn::new(0),
             counted: 0,
             starved: false,
             ssn: Psn::new(0),
