@@ -12,6 +12,7 @@ mod dump;
 mod exec;
 mod perf;
 mod pingpong;
+mod soak;
 mod sysfs;
 
 #[derive(Parser)]
@@ -101,6 +102,43 @@ enum Command {
         /// Every figure once, small and short (a few seconds).
         #[arg(long)]
         quick: bool,
+    },
+    /// Minutes of mixed traffic on many RC connections between two NICs on
+    /// loopback, both ways, on impaired links, connections remade all the
+    /// time: every byte, atomic result and completion checked against a
+    /// model; a stuck connection, growing memory or growing tables fail it.
+    Soak {
+        /// Seconds of new work (then everything drains).
+        #[arg(short = 'D', long, default_value_t = 600.0)]
+        duration: f64,
+        /// Connections.
+        #[arg(short = 'q', long, default_value_t = 64)]
+        qps: usize,
+        /// Work requests outstanding per side of each connection.
+        #[arg(short = 't', long, default_value_t = 8)]
+        depth: usize,
+        /// Largest message in bytes (sizes are drawn from 0 up).
+        #[arg(short = 's', long, default_value_t = 8192)]
+        max_size: usize,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096.
+        #[arg(short = 'm', long, default_value_t = 1024)]
+        mtu: u32,
+        /// Each NIC's egress impairment ("none" for a clean link).
+        #[arg(long, default_value = soak::DEFAULT_IMPAIR, value_name = "SPEC")]
+        impair: String,
+        /// Milliseconds between two connections drained, checked and made
+        /// again (0: never).
+        #[arg(long, default_value_t = 100)]
+        churn_ms: u64,
+        /// Seconds without progress that make a connection stuck.
+        #[arg(long, default_value_t = 30)]
+        stall: u64,
+        /// Seed of the operations, sizes and contents.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Seconds between progress lines.
+        #[arg(long, default_value_t = 10.0)]
+        report: f64,
     },
     /// Like ibv_rc_pingpong: with no SERVER, wait for a client; with one,
     /// connect to it. The two exchange endpoints over TCP in ibv_rc_pingpong's
@@ -330,6 +368,60 @@ fn main() -> ExitCode {
             let e = exec::run(&program, &args, devices.as_deref(), sysfs);
             eprintln!("rnic exec: {e}");
             ExitCode::from(127)
+        }
+        Command::Soak {
+            duration,
+            qps,
+            depth,
+            max_size,
+            mtu,
+            impair,
+            churn_ms,
+            stall,
+            seed,
+            report,
+        } => {
+            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
+                eprintln!("rnic soak: the MTU must be 256, 512, 1024, 2048 or 4096");
+                return ExitCode::from(2);
+            };
+            let impair = if impair == "none" {
+                None
+            } else {
+                match impair.parse::<rnic_verbs::Impairment>() {
+                    Ok(i) => Some(i),
+                    Err(e) => {
+                        eprintln!("rnic soak: --impair: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            };
+            let secs =
+                |x: f64| (x.is_finite() && x > 0.0).then(|| std::time::Duration::from_secs_f64(x));
+            let (Some(duration), Some(report)) = (secs(duration), secs(report)) else {
+                eprintln!("rnic soak: durations must be positive numbers of seconds");
+                return ExitCode::from(2);
+            };
+            let o = soak::Options {
+                duration,
+                qps,
+                depth,
+                max_size,
+                mtu,
+                impair,
+                churn: std::time::Duration::from_millis(churn_ms),
+                stall: std::time::Duration::from_secs(stall.max(1)),
+                seed,
+                report,
+            };
+            match soak::run(&o) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("rnic soak: {e}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Devinfo => match rnic_verbs::Device::open_loopback() {
             Ok(dev) => {
