@@ -1,0 +1,54 @@
+#!/bin/sh
+# In the rxe VM (busybox sh), for tests/tests/rxe_vm.rs: rdma_rxe on eth0
+# (10.88.0.2, fd88::2), a virtio NIC on the host's tap, against rnic's Rust
+# API on the host side (10.88.0.1, fd88::1). Runs the lines of
+# /mnt/host/cases in order: "NAME server|client PORT PROGRAM ARGS...",
+# PROGRAM on rxe0 as the server, or as the client of 10.88.0.1, with GID4
+# and GID6 in ARGS replaced by rxe's IPv4 and IPv6 GID indices. Writes
+# "NAME RC" per case to /mnt/host/out/results and each program's output to
+# /mnt/host/out/NAME.txt; exits 0 if every case did.
+ip=/usr/sbin/ip
+out=/mnt/host/out
+mkdir -p $out
+exec >$out/guest.log 2>&1
+set -x
+sysctl -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0
+$ip link set eth0 mtu 9000 up
+$ip addr add 10.88.0.2/24 dev eth0
+$ip addr add fd88::2/64 dev eth0 nodad
+ping -c 1 -W 5 10.88.0.1 || exit 2
+rdma link add rxe0 type rxe netdev eth0 || exit 2
+gid4=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*) echo "${g##*/}"; break ;; esac
+done)
+gid6=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    case "$(cat "$g")" in fd88:*) echo "${g##*/}"; break ;; esac
+done)
+[ -n "$gid4" ] && [ -n "$gid6" ] || exit 2
+: >$out/results
+failed=0
+while read -r name role port prog args; do
+    args=$(echo "$args" | sed "s/GID4/$gid4/g; s/GID6/$gid6/g")
+    if [ "$role" = server ]; then
+        # shellcheck disable=SC2086
+        timeout 180 $prog -d rxe0 $args -p "$port" </dev/null >"$out/$name.txt" 2>&1
+        rc=$?
+    else
+        # Tried again (for at most 120 s) while rnic's server is not
+        # listening yet.
+        for _ in $(seq 120); do
+            # shellcheck disable=SC2086
+            timeout 180 $prog -d rxe0 $args -p "$port" 10.88.0.1 </dev/null >"$out/$name.txt" 2>&1
+            rc=$?
+            [ $rc != 0 ] && grep -qiE "connect to|connection refused" "$out/$name.txt" || break
+            sleep 1
+        done
+    fi
+    echo "$name $rc" >>$out/results
+    [ $rc = 0 ] || failed=1
+done </mnt/host/cases
+for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
+    echo "${f##*/}=$(cat "$f")"
+done
+dmesg | tail -n 20
+exit $failed
