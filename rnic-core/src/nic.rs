@@ -91,6 +91,14 @@ pub struct Counters {
     /// Frames a frame transport handed over that were not RoCE v2 to this
     /// NIC: another protocol, another UDP port, another destination address.
     pub foreign_frames: u64,
+    /// Invalid Request NAKs sent (a malformed or impossible request: a
+    /// length past the path MTU, a misaligned atomic, a bad opcode sequence).
+    pub nak_invalid_request_sent: u64,
+    /// Remote Access Error NAKs sent (an R_Key, range, right or domain the
+    /// request had no claim to).
+    pub nak_remote_access_sent: u64,
+    /// Remote Operational Error NAKs sent.
+    pub nak_remote_op_sent: u64,
 }
 
 /// Transport mechanisms that can be switched off, to watch what breaks without

@@ -624,6 +624,18 @@ impl Qp {
 
     /// An ACK (or NAK) with `syndrome` for `psn`.
     pub fn send_ack(&mut self, ctx: &mut Ctx<'_>, syndrome: aeth::Syndrome, psn: Psn) {
+        match syndrome {
+            aeth::Syndrome::Nak(aeth::NakCode::InvalidRequest) => {
+                ctx.counters.nak_invalid_request_sent += 1;
+            }
+            aeth::Syndrome::Nak(aeth::NakCode::RemoteAccessError) => {
+                ctx.counters.nak_remote_access_sent += 1;
+            }
+            aeth::Syndrome::Nak(aeth::NakCode::RemoteOperationalError) => {
+                ctx.counters.nak_remote_op_sent += 1;
+            }
+            _ => {}
+        }
         let mut ib = IbRepr::new(self.bth(rnic_wire::Opcode::RC_ACKNOWLEDGE, psn));
         ib.aeth = Some(aeth::Repr {
             syndrome,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use rnic_core::rng::Rng;
 use rnic_core::sim::{frame_of, Datagram};
 use rnic_verbs::*;
-use rnic_wire::{bth, icrc, reth, IbRepr, Opcode, Psn};
+use rnic_wire::{aeth, atomic_eth, bth, icrc, reth, IbRepr, Opcode, Psn};
 
 /// Run `test` (this binary's test of that name) in a network namespace of
 /// its own; true in that child, where the test's body runs. In the parent,
@@ -388,4 +388,340 @@ fn guessed_rkeys_open_nothing() {
     std::thread::sleep(Duration::from_millis(100));
     assert!(b.mr.read(0, &mut got));
     assert_eq!(&got[..64], &[7; 64]);
+}
+
+/// `forge`, with the packet changed by `patch` before its ICRC is made.
+fn forge_patched(
+    src: IpAddr,
+    dst: IpAddr,
+    ib: &IbRepr,
+    payload: &[u8],
+    patch: impl FnOnce(&mut Vec<u8>),
+) -> Datagram {
+    let mut d = forge(src, dst, ib, payload);
+    patch(&mut d.payload);
+    let n = d.payload.len();
+    let crc = icrc::for_udp(src, dst, d.src_port, &d.payload[..n - 4]).unwrap();
+    d.payload[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    d
+}
+
+fn atomic(op: Opcode, qpn: u32, psn: Psn, va: u64, rkey: u32) -> IbRepr {
+    let mut ib = IbRepr::new(bth::Repr::new(op, qpn, psn));
+    ib.atomic_eth = Some(atomic_eth::Repr {
+        va,
+        r_key: rkey,
+        swap_or_add_data: 1,
+        compare_data: 0,
+    });
+    ib.bth.ack_req = true;
+    ib
+}
+
+fn read_request(qpn: u32, psn: Psn, va: u64, rkey: u32, len: u32) -> IbRepr {
+    let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_RDMA_READ_REQUEST, qpn, psn));
+    ib.reth = Some(reth::Repr {
+        va,
+        r_key: rkey,
+        dma_length: len,
+    });
+    ib.bth.ack_req = true;
+    ib
+}
+
+/// This process's resident memory.
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Wait (at most 5 s) until `f` of `dev`'s counters reaches `want`.
+fn counter_reaches(dev: &Device, f: fn(&rnic_core::Counters) -> u64, want: u64) -> u64 {
+    let t = Instant::now();
+    loop {
+        let v = f(&dev.counters().unwrap());
+        if v >= want || t.elapsed() > Duration::from_secs(5) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn an_on_path_attacker_gets_the_iba_nak_class_by_class() {
+    // The attacker knows a connection (its QPN, the PSN it expects, the
+    // peer's address): what RoCE cannot hide from someone on the path. A
+    // request it forges is then the peer's, and the victim QP must answer
+    // it as the IBTA says, write nothing, and go to the error state where
+    // the IBTA says so; the NIC's other connection, a legitimate 1 MiB
+    // transfer from the same peer address, goes on untouched.
+    if !in_own_netns("an_on_path_attacker_gets_the_iba_nak_class_by_class") {
+        return;
+    }
+    let spoofer = Spoofer::new().expect("a packet socket");
+    let (a, b) = (end(QpType::Rc, REGION), end(QpType::Rc, REGION));
+    connect(&a, &b);
+    let calm = transfer(&a, &b, 1);
+    const LEN: usize = 65536;
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let w = b.pd.register(LEN, all | Access::REMOTE_ATOMIC).unwrap();
+    let ro = b.pd.register(LEN, Access::REMOTE_READ).unwrap();
+    let other_pd = b.dev.alloc_pd().unwrap();
+    let other = other_pd.register(LEN, all | Access::REMOTE_ATOMIC).unwrap();
+    let big = b.pd.register(64 << 20, Access::REMOTE_READ).unwrap();
+    for (r, fill) in [(&w, 0x11u8), (&ro, 0x22), (&other, 0x33)] {
+        assert!(r.write(0, &vec![fill; LEN]));
+    }
+    let (src, dst) = (a.dev.addr(), b.dev.addr());
+    let vcq = (a.dev.create_cq(64).unwrap(), b.dev.create_cq(64).unwrap());
+    // A fresh connection between the same two addresses for each attack:
+    // the victim at B, its peer (never sending) at A.
+    let victim = || {
+        let p =
+            a.pd.create_rc_qp(&vcq.0, &vcq.0, QpCaps::default())
+                .unwrap();
+        let v =
+            b.pd.create_rc_qp(&vcq.1, &vcq.1, QpCaps::default())
+                .unwrap();
+        connect_qps(&p, &v);
+        let psn = Psn::new(p.endpoint().psn);
+        (p, v, psn)
+    };
+    type Nak = fn(&rnic_core::Counters) -> u64;
+    let access: Nak = |c| c.nak_remote_access_sent;
+    let invalid: Nak = |c| c.nak_invalid_request_sent;
+    let w_end = w.addr() + LEN as u64;
+    let mtu_plus = vec![0xEE; 2048];
+    #[allow(clippy::type_complexity)]
+    let attacks: Vec<(&str, Nak, Box<dyn Fn(u32, Psn) -> Datagram>)> = vec![
+        (
+            "a WRITE whose VA + length wraps around 2^64",
+            access,
+            Box::new(|q, p| {
+                let ib = write_only(
+                    Opcode::RC_RDMA_WRITE_ONLY,
+                    q,
+                    p,
+                    u64::MAX - 15,
+                    w.rkey(),
+                    64,
+                );
+                forge(src, dst, &ib, &[0xEE; 64])
+            }),
+        ),
+        (
+            "a WRITE one byte past the region's end",
+            access,
+            Box::new(|q, p| {
+                let ib = write_only(Opcode::RC_RDMA_WRITE_ONLY, q, p, w_end - 63, w.rkey(), 64);
+                forge(src, dst, &ib, &[0xEE; 64])
+            }),
+        ),
+        (
+            "a WRITE to a read-only region",
+            access,
+            Box::new(|q, p| {
+                let ib = write_only(Opcode::RC_RDMA_WRITE_ONLY, q, p, ro.addr(), ro.rkey(), 64);
+                forge(src, dst, &ib, &[0xEE; 64])
+            }),
+        ),
+        (
+            "a WRITE with another protection domain's R_Key",
+            access,
+            Box::new(|q, p| {
+                let ib = write_only(
+                    Opcode::RC_RDMA_WRITE_ONLY,
+                    q,
+                    p,
+                    other.addr(),
+                    other.rkey(),
+                    64,
+                );
+                forge(src, dst, &ib, &[0xEE; 64])
+            }),
+        ),
+        (
+            "a fetch-and-add at a misaligned address",
+            invalid,
+            Box::new(|q, p| {
+                let ib = atomic(Opcode::RC_FETCH_ADD, q, p, w.addr() + 4, w.rkey());
+                forge(src, dst, &ib, &[])
+            }),
+        ),
+        (
+            "a compare-and-swap on a read-only region",
+            access,
+            Box::new(|q, p| {
+                let ib = atomic(Opcode::RC_COMPARE_SWAP, q, p, ro.addr(), ro.rkey());
+                forge(src, dst, &ib, &[])
+            }),
+        ),
+        (
+            "a WRITE whose payload is longer than the path MTU",
+            invalid,
+            Box::new(|q, p| {
+                let ib = write_only(Opcode::RC_RDMA_WRITE_ONLY, q, p, w.addr(), w.rkey(), 2048);
+                forge(src, dst, &ib, &mtu_plus)
+            }),
+        ),
+        (
+            "a WRITE whose pad count eats into its payload",
+            invalid,
+            Box::new(|q, p| {
+                let ib = write_only(Opcode::RC_RDMA_WRITE_ONLY, q, p, w.addr(), w.rkey(), 64);
+                forge_patched(src, dst, &ib, &[0xEE; 64], |b| b[1] |= 0x30)
+            }),
+        ),
+        (
+            "a READ past the region's end",
+            access,
+            Box::new(|q, p| {
+                forge(
+                    src,
+                    dst,
+                    &read_request(q, p, w.addr(), w.rkey(), LEN as u32 + 1),
+                    &[],
+                )
+            }),
+        ),
+        (
+            "a READ of more than 2 GiB",
+            invalid,
+            Box::new(|q, p| {
+                forge(
+                    src,
+                    dst,
+                    &read_request(q, p, w.addr(), w.rkey(), (1 << 31) + 1),
+                    &[],
+                )
+            }),
+        ),
+    ];
+
+    let before_a = a.dev.counters().unwrap();
+    let attacked = std::thread::scope(|s| {
+        let legit = s.spawn(|| transfer(&a, &b, 2));
+        for (what, nak, packet) in &attacks {
+            let (_p, v, psn) = victim();
+            let was = nak(&b.dev.counters().unwrap());
+            spoofer.send(&packet(v.qpn(), psn));
+            let now = counter_reaches(&b.dev, *nak, was + 1);
+            assert_eq!(now, was + 1, "{what}: one NAK of its kind");
+            let state = v.query().unwrap().qp_state;
+            assert_eq!(state, QpState::Err, "{what}: the victim QP is in error");
+        }
+        // Stale packets for a QP destroyed and made again: nothing there.
+        let (p, v, psn) = victim();
+        let old = v.qpn();
+        drop(v);
+        let (_p2, v2, _) = victim();
+        assert_ne!(v2.qpn(), old, "a QP number is not given out again at once");
+        let was = b.dev.counters().unwrap().unknown_qp;
+        for k in 0..100 {
+            let ib = write_only(
+                Opcode::RC_RDMA_WRITE_ONLY,
+                old,
+                psn.add(k),
+                w.addr(),
+                w.rkey(),
+                64,
+            );
+            spoofer.send(&forge(src, dst, &ib, &[0xEE; 64]));
+        }
+        let now = counter_reaches(&b.dev, |c| c.unknown_qp, was + 100);
+        assert!(now >= was + 100, "stale packets counted as for no QP");
+        drop(p);
+        // Ghost ACKs and READ responses for PSNs the legitimate requester
+        // never sent (half the PSN space ahead of it).
+        let ahead = Psn::new(a.qp.endpoint().psn).add(1 << 22);
+        let was = a.dev.counters().unwrap().ghost_or_duplicate_response;
+        for k in 0..200 {
+            let mut ack = IbRepr::new(bth::Repr::new(
+                Opcode::RC_ACKNOWLEDGE,
+                a.qp.qpn(),
+                ahead.add(k),
+            ));
+            ack.aeth = Some(aeth::Repr {
+                syndrome: aeth::Syndrome::ACK_NO_CREDITS,
+                msn: k,
+            });
+            spoofer.send(&forge(dst, src, &ack, &[]));
+            let mut resp = IbRepr::new(bth::Repr::new(
+                Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                a.qp.qpn(),
+                ahead.add(k),
+            ));
+            resp.aeth = ack.aeth;
+            resp.payload_len = 64;
+            spoofer.send(&forge(dst, src, &resp, &[0xEE; 64]));
+        }
+        let now = counter_reaches(&a.dev, |c| c.ghost_or_duplicate_response, was + 400);
+        assert!(
+            now >= was + 400,
+            "ghost responses counted: {} of 400",
+            now - was
+        );
+        // A READ of a whole 64 MiB region: answered as it is sent, never
+        // queued whole (the peer at A drops the responses it never asked for).
+        let (_p, v, psn) = victim();
+        let rss0 = rss();
+        let sent0 = b.dev.counters().unwrap().sent_pkts;
+        let ib = read_request(v.qpn(), psn, big.addr(), big.rkey(), 64 << 20);
+        spoofer.send(&forge(src, dst, &ib, &[]));
+        let packets = (64u64 << 20) / 1024;
+        let t = Instant::now();
+        while b.dev.counters().unwrap().sent_pkts < sent0 + packets
+            && t.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let grew = rss().saturating_sub(rss0);
+        println!(
+            "a 64 MiB READ answered: resident memory grew {} KiB",
+            grew >> 10
+        );
+        assert!(grew < 16 << 20, "a 64 MiB READ grew memory by {grew} bytes");
+        // A flood to QPs that do not exist: memory stays flat.
+        let rss0 = rss();
+        let mut rng = Rng::new(3);
+        for k in 0..50_000u32 {
+            if k % 16 == 0 {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            let q = (rng.next_u64() as u32) & 0xFF_FFFF;
+            let ib = write_only(Opcode::RC_RDMA_WRITE_ONLY, q, Psn::new(k), 0, 0, 8);
+            spoofer.send(&forge(src, dst, &ib, &[1; 8]));
+        }
+        let grew = rss().saturating_sub(rss0);
+        println!(
+            "50,000 packets to QPs that do not exist: resident memory grew {} KiB",
+            grew >> 10
+        );
+        assert!(grew < 4 << 20, "a flood grew memory by {grew} bytes");
+        legit.join().unwrap()
+    });
+    // Not one byte of any region changed; the legitimate connection lives.
+    for (r, fill, name) in [
+        (&w, 0x11u8, "W"),
+        (&ro, 0x22, "RO"),
+        (&other, 0x33, "OTHER"),
+    ] {
+        let mut got = vec![0u8; LEN];
+        assert!(r.read(0, &mut got));
+        assert!(got.iter().all(|&x| x == fill), "region {name} changed");
+    }
+    let after_a = a.dev.counters().unwrap();
+    assert_eq!(after_a.retry_exceeded_err, before_a.retry_exceeded_err);
+    transfer(&a, &b, 3);
+    println!(
+        "legitimate 1 MiB transfer: {calm:?} alone, {attacked:?} beside the attacks ({:.2}x)",
+        attacked.as_secs_f64() / calm.as_secs_f64()
+    );
+}
+
+fn connect_qps(p: &QueuePair, v: &QueuePair) {
+    let o = ConnectOptions::default();
+    p.connect(&v.endpoint(), &o).unwrap();
+    v.connect(&p.endpoint(), &o).unwrap();
 }
