@@ -40,7 +40,7 @@ use crate::cq::CqHandle;
 use crate::mem::{Access, MwBind, MwType};
 use crate::qp::{AddressVector, QpAttr, QpType};
 use crate::time::Time;
-use crate::wr::{sg_list, RecvWr, SendOp, SendWr, Sge};
+use crate::wr::{sg_list, RecvWr, SendOp, SendWr, Sge, WcStatus};
 use crate::{Nic, QpCaps};
 
 const W: usize = 0;
@@ -84,6 +84,8 @@ struct Target {
     posted: HashSet<u64>,
     completed: HashSet<u64>,
     next_id: u64,
+    /// The window is bound: no SEND_WITH_INV has invalidated it.
+    mw_bound: bool,
 }
 
 impl Target {
@@ -178,6 +180,7 @@ impl Target {
             posted: HashSet::new(),
             completed: HashSet::new(),
             next_id: 1,
+            mw_bound: true,
         })
     }
 
@@ -368,6 +371,10 @@ impl Target {
     fn send(&mut self, now: Time, from: IpAddr, port: u16, p: Vec<u8>, bad: bool) {
         self.nic
             .handle_datagram(now, &datagram(from, ME, port, p, bad));
+        // A SEND_WITH_INV that took the window away completes its receive
+        // here, before any READ response is generated: from now on
+        // nothing may reach MWR through it.
+        self.completions();
     }
 
     /// A packet of input bytes, aimed at one of the QPs (the seeds cut from
@@ -441,12 +448,21 @@ impl Target {
         while let Some(d) = self.nic.poll_transmit() {
             assert_well_formed(&d);
         }
+        self.completions();
+    }
+
+    /// Take the completions: each for a posted receive, once; one that
+    /// invalidated the window closes it.
+    fn completions(&mut self) {
         for c in self.nic.poll_cq(self.cq, usize::MAX).unwrap_or_default() {
             assert!(
                 self.posted.contains(&c.wr_id),
                 "a completion for nothing: {c:?}"
             );
             assert!(self.completed.insert(c.wr_id), "completed twice: {c:?}");
+            if c.status == WcStatus::Success && c.invalidated_rkey == Some(self.mw) {
+                self.mw_bound = false;
+            }
         }
     }
 
@@ -454,7 +470,7 @@ impl Target {
     fn allowed(&self, t: &Touch) -> bool {
         let right = match (t.region, t.kind) {
             (W, _) | (RO, Kind::Read) | (RECV, Kind::Write) => true,
-            (MWR, _) => WINDOW.start <= t.offset && t.range().end <= WINDOW.end,
+            (MWR, _) => self.mw_bound && WINDOW.start <= t.offset && t.range().end <= WINDOW.end,
             _ => false,
         };
         right && self.named.covers(t)
