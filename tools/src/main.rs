@@ -201,7 +201,13 @@ enum Command {
         args: Vec<std::ffi::OsString>,
     },
     /// What a NIC is and supports, like ibv_devinfo -v.
-    Devinfo,
+    Devinfo {
+        /// The NIC on this network interface (the frame transport, as
+        /// `rnic pingpong --iface`): its GID table is the interface's
+        /// addresses. Without it, a NIC on a loopback address.
+        #[arg(long)]
+        iface: Option<String>,
+    },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
     Dump {
@@ -423,7 +429,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Devinfo => match rnic_verbs::Device::open_loopback() {
+        Command::Devinfo { iface } => match iface.as_deref().map_or_else(
+            rnic_verbs::Device::open_loopback,
+            rnic_verbs::Device::open_on_interface,
+        ) {
             Ok(dev) => {
                 let a = dev.query_device();
                 let ver = env!("CARGO_PKG_VERSION");
@@ -448,9 +457,15 @@ fn main() -> ExitCode {
                 println!("\t\t\tmax_mtu:\t\t{}", mtu(port.max_mtu));
                 println!("\t\t\tactive_mtu:\t\t{}", mtu(port.active_mtu));
                 println!("\t\t\tlink_layer:\t\tEthernet");
-                println!("\t\t\tGID[  0]:\t\t{}, RoCE v2", dev.gid());
+                for (i, a) in dev.gids().iter().enumerate() {
+                    println!("\t\t\tGID[{i:>3}]:\t\t{}, RoCE v2", rnic_verbs::gid_of(*a));
+                }
+                let how = match &iface {
+                    Some(i) => format!("frames on {i} (AF_PACKET)"),
+                    None => "UDP sockets".to_string(),
+                };
                 println!(
-                    "\t\t\ttransport:\t\tUDP port {}, engine thread in this process",
+                    "\t\t\ttransport:\t\tUDP port {}, {how}, engine thread in this process",
                     rnic_wire::ROCE_V2_PORT
                 );
                 // rdma_rxe treats retry_cnt 7 as "retry forever"; IBTA and rnic do not.

@@ -85,3 +85,42 @@ fn rnic_pcap_records_every_device() {
         "{summary}"
     );
 }
+
+#[test]
+fn devinfo_on_an_interface_lists_its_addresses_as_gids() {
+    // In a network namespace of its own, whose `lo` has 127.0.0.1 and ::1.
+    let ns = format!("rnic-devinfo-{}", std::process::id());
+    let made = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !made {
+        eprintln!("SKIPPED: cannot make a network namespace (not root?)");
+        assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
+        return;
+    }
+    let out = Command::new("ip")
+        .args(["-n", &ns, "link", "set", "lo", "up"])
+        .status()
+        .and_then(|_| {
+            Command::new("ip")
+                .args(["netns", "exec", &ns, env!("CARGO_BIN_EXE_rnic")])
+                .args(["devinfo", "--iface", "lo"])
+                .output()
+        });
+    let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+    let out = out.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2",
+        "GID[  1]:\t\t::1, RoCE v2",
+        "frames on lo (AF_PACKET)",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}
