@@ -58,6 +58,14 @@ impl Delivered {
         self.queue.lock().drain(..).collect()
     }
 
+    /// Move up to `max` of the oldest onto the end of `out`; how many.
+    pub(crate) fn take_into(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        let mut q = self.queue.lock();
+        let n = q.len().min(max);
+        out.extend(q.drain(..n));
+        n
+    }
+
     /// The oldest waiting completion, sleeping until `deadline` for one.
     pub(crate) fn wait_until(&self, deadline: Instant) -> Option<Completion> {
         let mut q = self.queue.lock();

@@ -1156,6 +1156,17 @@ impl CompletionQueue {
         }
         self.delivered.take_all()
     }
+    /// Move up to `max` of the completions waiting onto the end of `out`,
+    /// oldest first, and say how many (`ibv_poll_cq` into the caller's
+    /// array: once `out` has the room, nothing is allocated). If none is
+    /// waiting, first take in what the NIC has received, on this thread.
+    pub fn poll_into(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        if self.is_empty() {
+            self.dev.engine.progress();
+        }
+        self.delivered.take_into(out, max)
+    }
+
     /// Take the next completion waiting, if any (no allocation). If none
     /// is, first take in what the NIC has received, on this thread.
     pub fn try_next(&self) -> Option<Completion> {
@@ -1676,6 +1687,34 @@ mod tests {
 
     // The engine thread would come back on its own only after a minute: a
     // sleeper is served because it said it would sleep.
+
+    #[test]
+    fn poll_into_takes_at_most_max_oldest_first_into_the_callers_vector() {
+        let p = pair();
+        for _ in 0..3 {
+            p.write();
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while p.b_scq.len() < 3 && std::time::Instant::now() < deadline {
+            let _ = p.b_scq.poll_into(&mut Vec::new(), 0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut out = Vec::with_capacity(8);
+        let mark = Completion {
+            wr_id: 99,
+            ..p.b_scq.delivered.pop().unwrap()
+        };
+        out.push(mark);
+        assert_eq!(p.b_scq.poll_into(&mut out, 1), 1);
+        assert_eq!(p.b_scq.poll_into(&mut out, 5), 1);
+        assert_eq!(p.b_scq.poll_into(&mut out, 5), 0);
+        assert_eq!(out.len(), 3, "appended after what was there: {out:?}");
+        assert_eq!(out[0].wr_id, 99);
+        assert!(out[1..]
+            .iter()
+            .all(|c| c.wr_id == 3 && c.status == WcStatus::Success));
+        assert_eq!(out.capacity(), 8, "the caller's room was used");
+    }
 
     #[test]
     fn a_thread_that_waits_on_a_queue_brings_the_engine_back() {

@@ -223,6 +223,7 @@ struct Run<'a> {
     msgs: u64,
     remade: u64,
     stale: u64,
+    wcs: Vec<Completion>,
 }
 
 impl<'a> Run<'a> {
@@ -604,16 +605,21 @@ impl Run<'_> {
 
     fn poll(&mut self) -> bool {
         let mut any = false;
+        // One vector for every poll of the run (no allocation once warm).
+        let mut wcs = std::mem::take(&mut self.wcs);
         for d in 0..2 {
-            for wc in self.scq[d].poll() {
+            self.scq[d].poll_into(&mut wcs, 256);
+            for wc in wcs.drain(..) {
                 any = true;
                 self.on_send(d, wc);
             }
-            for wc in self.rcq[d].poll() {
+            self.rcq[d].poll_into(&mut wcs, 256);
+            for wc in wcs.drain(..) {
                 any = true;
                 self.on_recv(d, wc);
             }
         }
+        self.wcs = wcs;
         any
     }
 }
@@ -669,6 +675,7 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
         msgs: 0,
         remade: 0,
         stale: 0,
+        wcs: Vec::with_capacity(256),
     };
     for c in 0..o.qps {
         let conn = run.connect(c, 0)?;
