@@ -53,11 +53,6 @@ impl Delivered {
         self.queue.lock().len()
     }
 
-    /// All that are waiting, oldest first.
-    pub(crate) fn take_all(&self) -> Vec<Completion> {
-        self.queue.lock().drain(..).collect()
-    }
-
     /// Move up to `max` of the oldest onto the end of `out`; how many.
     pub(crate) fn take_into(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let mut q = self.queue.lock();
@@ -112,7 +107,9 @@ mod tests {
         d.deliver(|waiting, _| assert_eq!(waiting, 3));
         assert_eq!(d.pop().map(|c| c.wr_id), Some(1));
         assert_eq!(d.len(), 2);
-        let rest: Vec<u64> = d.take_all().iter().map(|c| c.wr_id).collect();
+        let mut rest = Vec::new();
+        assert_eq!(d.take_into(&mut rest, usize::MAX), 2);
+        let rest: Vec<u64> = rest.iter().map(|c| c.wr_id).collect();
         assert_eq!(rest, [2, 3]);
         assert_eq!(d.pop(), None);
     }

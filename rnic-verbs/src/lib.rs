@@ -1151,10 +1151,9 @@ impl CompletionQueue {
     /// Take the completions waiting (none is an empty vector). If none
     /// is, first take in what the NIC has received, on this thread.
     pub fn poll(&self) -> Vec<Completion> {
-        if self.is_empty() {
-            self.dev.engine.progress();
-        }
-        self.delivered.take_all()
+        let mut out = Vec::new();
+        self.poll_into(&mut out, usize::MAX);
+        out
     }
     /// Move up to `max` of the completions waiting onto the end of `out`,
     /// oldest first, and say how many (`ibv_poll_cq` into the caller's
