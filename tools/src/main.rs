@@ -225,6 +225,11 @@ enum Command {
     },
 }
 
+/// A positive, finite number of seconds as a duration.
+fn secs(x: f64) -> Option<std::time::Duration> {
+    (x.is_finite() && x > 0.0).then(|| std::time::Duration::from_secs_f64(x))
+}
+
 fn main() -> ExitCode {
     if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RNIC_LOG") {
         tracing_subscriber::fmt()
@@ -256,13 +261,12 @@ fn main() -> ExitCode {
                 eprintln!("rnic perf: the MTU must be 256, 512, 1024, 2048 or 4096");
                 return ExitCode::from(2);
             };
-            let duration = match duration {
-                Some(d) if d.is_finite() && d > 0.0 => Some(std::time::Duration::from_secs_f64(d)),
-                Some(_) => {
+            let duration = match duration.map(secs) {
+                Some(None) => {
                     eprintln!("rnic perf: the duration must be a positive number of seconds");
                     return ExitCode::from(2);
                 }
-                None => None,
+                d => d.flatten(),
             };
             let mode = match (server, client) {
                 (true, _) => perf::Mode::Server,
@@ -402,8 +406,6 @@ fn main() -> ExitCode {
                     }
                 }
             };
-            let secs =
-                |x: f64| (x.is_finite() && x > 0.0).then(|| std::time::Duration::from_secs_f64(x));
             let (Some(duration), Some(report)) = (secs(duration), secs(report)) else {
                 eprintln!("rnic soak: durations must be positive numbers of seconds");
                 return ExitCode::from(2);

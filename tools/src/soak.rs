@@ -405,21 +405,32 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// A send-queue completion on NIC `d`.
-    fn on_send(&mut self, d: usize, wc: Completion) {
+    /// The parts of a completion's wr_id on NIC `d`, if it belongs to a
+    /// live connection; a completion of a destroyed one must be a flush
+    /// (counted), and one for no connection is a failure.
+    fn current(&mut self, d: usize, wc: &Completion) -> Option<(usize, u8, bool, u64)> {
         let (c, gen, recv, seq) = split_wr_id(wc.wr_id);
-        let lay = self.lay;
-        let Some(conn) = self.conns.get_mut(c) else {
-            return self.fail(format!("NIC {d}: a completion for no connection: {wc:?}"));
+        let Some(conn) = self.conns.get(c) else {
+            self.fail(format!("NIC {d}: a completion for no connection: {wc:?}"));
+            return None;
         };
         if gen != conn.gen {
             self.stale += 1;
             if wc.status != WcStatus::WrFlushErr {
                 self.fail(format!("NIC {d}: a completion of a destroyed QP: {wc:?}"));
             }
-            return;
+            return None;
         }
-        let [a, b] = &mut conn.sides;
+        Some((c, gen, recv, seq))
+    }
+
+    /// A send-queue completion on NIC `d`.
+    fn on_send(&mut self, d: usize, wc: Completion) {
+        let Some((c, _, recv, seq)) = self.current(d, &wc) else {
+            return;
+        };
+        let lay = self.lay;
+        let [a, b] = &mut self.conns[c].sides;
         let (me, peer) = if d == 0 { (a, &*b) } else { (b, &*a) };
         let Some(p) = me.pending.pop_front() else {
             return self.fail(format!(
@@ -474,19 +485,12 @@ impl<'a> Run<'a> {
 
     /// A receive completion on NIC `d`.
     fn on_recv(&mut self, d: usize, wc: Completion) {
-        let (c, gen, recv, seq) = split_wr_id(wc.wr_id);
+        let Some((c, gen, recv, seq)) = self.current(d, &wc) else {
+            return;
+        };
         let lay = self.lay;
         let (mtu, max) = (self.o.mtu.bytes(), self.o.max_size);
-        let Some(conn) = self.conns.get_mut(c) else {
-            return self.fail(format!("NIC {d}: a receive for no connection: {wc:?}"));
-        };
-        if gen != conn.gen {
-            self.stale += 1;
-            if wc.status != WcStatus::WrFlushErr {
-                self.fail(format!("NIC {d}: a receive of a destroyed QP: {wc:?}"));
-            }
-            return;
-        }
+        let conn = &mut self.conns[c];
         let key = stream_key(self.o.seed, c, gen, 1 - d);
         let me = &mut conn.sides[d];
         let k = me.msgs_rcvd;
@@ -624,13 +628,9 @@ impl Run<'_> {
     }
 }
 
-/// This process's resident memory, from /proc.
+/// This process's resident memory (0 where /proc cannot tell).
 fn rss() -> u64 {
-    let pages = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .unwrap_or(0);
-    pages * rustix::param::page_size() as u64
+    crate::bench::rss_bytes().unwrap_or(0)
 }
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -829,7 +829,7 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
                     || b.key_slots > a.key_slots
                     || b.keys > a.keys
                     || b.regions > a.regions
-                    || b.resting_ids > a.resting_ids.max(crate_quarantine());
+                    || b.resting_ids > a.resting_ids.max(RESTING_MAX);
                 if grew {
                     run.fail(format!("NIC {d}'s tables grew: {a:?} then {b:?}"));
                 }
@@ -874,7 +874,5 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
     }
 }
 
-/// Freed QP numbers and keys kept out of use, at most.
-fn crate_quarantine() -> usize {
-    2 * rnic_core::rng::QUARANTINE
-}
+/// Freed QP numbers and keys kept out of use, at most (each kind).
+const RESTING_MAX: usize = 2 * rnic_core::rng::QUARANTINE;

@@ -432,7 +432,7 @@ fn many_qps(o: &Options, r: &mut Report) -> Res<()> {
 }
 
 /// This process's resident memory, from /proc.
-fn rss_bytes() -> Option<u64> {
+pub(crate) fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;
     let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * rustix::param::page_size() as u64)
