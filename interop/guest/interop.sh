@@ -12,11 +12,8 @@ out=/mnt/host/out
 mkdir -p $out
 exec >$out/guest.log 2>&1
 set -x
-sysctl -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0
-$ip link set eth0 mtu "$(cat /mnt/host/mtu)" up
-$ip addr add 10.88.0.2/24 dev eth0
-$ip addr add fd88::2/64 dev eth0 nodad
-ping -c 1 -W 5 10.88.0.1 || exit 2
+. /mnt/host/tap-rxe.sh
+tap_up "$(cat /mnt/host/mtu)" || exit 2
 # Impairment, both ways, if asked: netem on eth0 for what rxe sends, and on
 # an ifb device that eth0's ingress is redirected through for what it
 # receives.
@@ -33,14 +30,7 @@ if [ -s /mnt/host/netem ]; then
     $tc qdisc add dev ifb0 root netem $netem || exit 2
     $tc qdisc show
 fi
-rdma link add rxe0 type rxe netdev eth0 || exit 2
-gid=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-    case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*) echo "${g##*/}"; break ;; esac
-done)
-gid6=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-    case "$(cat "$g")" in fd88:*) echo "${g##*/}"; break ;; esac
-done)
-[ -n "$gid" ] && [ -n "$gid6" ] || exit 2
+rxe_on_eth0 || exit 2
 grep . /sys/class/infiniband/rxe0/ports/1/gids/* | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
 : >$out/results
 failed=0
@@ -77,7 +67,7 @@ while read -r name port prog all; do
         case "$a" in rnic:*) ;; *) args="$args $a" ;; esac
     done
     # (a case named *_v6 runs on the IPv6 GIDs)
-    g=$gid
+    g=$gid4
     case "$name" in *_v6) g=$gid6 ;; esac
     case "$prog" in
     pingpong) cmd="ibv_rc_pingpong -d rxe0 -g $g" ;;

@@ -12,19 +12,9 @@ out=/mnt/host/out
 mkdir -p $out
 exec >$out/guest.log 2>&1
 set -x
-sysctl -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0 net.ipv6.conf.eth0.accept_dad=0
-$ip link set eth0 mtu 9000 up
-$ip addr add 10.88.0.2/24 dev eth0
-$ip addr add fd88::2/64 dev eth0 nodad
-ping -c 1 -W 5 10.88.0.1 || exit 2
-rdma link add rxe0 type rxe netdev eth0 || exit 2
-gid4=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-    case "$(cat "$g")" in 0000:0000:0000:0000:0000:ffff:*) echo "${g##*/}"; break ;; esac
-done)
-gid6=$(for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-    case "$(cat "$g")" in fd88:*) echo "${g##*/}"; break ;; esac
-done)
-[ -n "$gid4" ] && [ -n "$gid6" ] || exit 2
+. /mnt/host/tap-rxe.sh
+tap_up 9000 || exit 2
+rxe_on_eth0 || exit 2
 : >$out/results
 failed=0
 while read -r name role port prog args; do

@@ -419,11 +419,9 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
 
     let cases: String = CASES.iter().map(|c| c.guest_line() + "\n").collect();
     std::fs::write(s.share.join("cases"), cases).unwrap();
-    std::fs::copy(
-        root.join("interop/guest/pingpongs.sh"),
-        s.share.join("pingpongs.sh"),
-    )
-    .unwrap();
+    for f in ["pingpongs.sh", "tap-rxe.sh"] {
+        std::fs::copy(root.join("interop/guest").join(f), s.share.join(f)).unwrap();
+    }
     let pcap = s.share.join("out/tap.pcap");
     let tcpdump = Command::new("ip")
         .args([
