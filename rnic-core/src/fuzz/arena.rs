@@ -37,29 +37,58 @@ impl Touch {
 }
 
 /// Per region, the bytes that requests or work requests named: where the
-/// engine may go.
-pub(super) struct Named(Vec<Vec<bool>>);
+/// engine may go. Kept as sorted, disjoint, non-adjacent ranges, so that
+/// checking a touch costs a search, not a loop over its bytes (under the
+/// fuzzer every compared byte is an instrumented comparison).
+pub(super) struct Named {
+    lens: Vec<usize>,
+    ranges: Vec<Vec<core::ops::Range<usize>>>,
+}
 
 impl Named {
     /// Nothing named yet, in regions of `lens` bytes.
     pub fn new(lens: &[usize]) -> Named {
-        Named(lens.iter().map(|&len| vec![false; len]).collect())
+        Named {
+            lens: lens.to_vec(),
+            ranges: vec![Vec::new(); lens.len()],
+        }
     }
 
     /// Name `len` bytes from `offset` in `region`, as far as its end.
     pub fn mark(&mut self, region: usize, offset: u64, len: u64) {
-        let bytes = &mut self.0[region];
-        let end = offset.saturating_add(len).min(bytes.len() as u64);
-        bytes[offset.min(end) as usize..end as usize].fill(true);
+        let region_len = self.lens[region] as u64;
+        let end = offset.saturating_add(len).min(region_len) as usize;
+        let start = (offset as usize).min(end);
+        if start == end {
+            return;
+        }
+        let ranges = &mut self.ranges[region];
+        // Ranges that overlap or touch [start, end) merge into one.
+        let first = ranges.partition_point(|r| r.end < start);
+        let last = ranges.partition_point(|r| r.start <= end);
+        let merged = if first < last {
+            ranges[first].start.min(start)..ranges[last - 1].end.max(end)
+        } else {
+            start..end
+        };
+        ranges.splice(first..last, [merged]);
     }
 
     /// Whether `t` stays inside its region and touches named bytes only.
     pub fn covers(&self, t: &Touch) -> bool {
-        let bytes = &self.0[t.region];
-        t.offset
-            .checked_add(t.len)
-            .is_some_and(|end| end <= bytes.len())
-            && bytes[t.range()].iter().all(|&b| b)
+        let Some(end) = t.offset.checked_add(t.len) else {
+            return false;
+        };
+        if end > self.lens[t.region] {
+            return false;
+        }
+        if t.len == 0 {
+            return true;
+        }
+        let ranges = &self.ranges[t.region];
+        // The one range that could hold t.offset: the last starting at or before it.
+        let i = ranges.partition_point(|r| r.start <= t.offset);
+        i > 0 && ranges[i - 1].end >= end
     }
 }
 
@@ -160,5 +189,40 @@ impl Region for Window {
         let mut inner = self.log(Kind::Write, offset, data.len());
         let at = self.start + offset;
         inner.bytes[at..at + data.len()].copy_from_slice(data);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The ranges answer exactly as a flag per byte would.
+    #[test]
+    fn named_ranges_agree_with_a_flag_per_byte() {
+        let marks = prop::collection::vec((0usize..2, 0u64..80, 0u64..40), 0..12);
+        let touches = prop::collection::vec((0usize..2, 0usize..90, 0usize..40), 1..24);
+        proptest!(|(marks in marks, touches in touches)| {
+            let lens = [64, 48];
+            let mut named = Named::new(&lens);
+            let mut flags: Vec<Vec<bool>> = lens.iter().map(|&l| vec![false; l]).collect();
+            for (region, offset, len) in marks {
+                named.mark(region, offset, len);
+                let bytes = &mut flags[region];
+                let end = offset.saturating_add(len).min(bytes.len() as u64);
+                bytes[offset.min(end) as usize..end as usize].fill(true);
+            }
+            for r in &named.ranges {
+                for pair in r.windows(2) {
+                    prop_assert!(pair[0].end < pair[1].start, "ranges sorted and merged: {r:?}");
+                }
+            }
+            for (region, offset, len) in touches {
+                let t = Touch { region, kind: Kind::Write, offset, len };
+                let bytes = &flags[region];
+                let want = offset + len <= bytes.len() && bytes[t.range()].iter().all(|&b| b);
+                prop_assert_eq!(named.covers(&t), want, "{:?} with {:?}", t, named.ranges[region]);
+            }
+        });
     }
 }
