@@ -429,6 +429,9 @@ pub struct Nic {
     inflight: u32,
     /// QPs waiting for room in the NIC's budget ([`Ctx::starved`]).
     starved: VecDeque<u32>,
+    /// The ICRC deltas of GSO segments for the last IB length that needed
+    /// them ([`icrc::verify_udp`]).
+    gso_deltas: Option<icrc::IdDeltas>,
 }
 
 impl fmt::Debug for Nic {
@@ -478,6 +481,7 @@ impl Nic {
             overrun_cqs: Vec::new(),
             timers: Timers::new(),
             now: Time::ZERO,
+            gso_deltas: None,
         }
     }
 
@@ -1348,8 +1352,10 @@ impl Nic {
     }
 
     /// A UDP datagram to port 4791 arrived. Its ICRC is checked under the UDP
-    /// convention (see [`rnic_wire::icrc::for_udp`]); a packet that fails it,
-    /// or does not parse, is dropped and counted.
+    /// convention (see [`rnic_wire::icrc::for_udp`]), in IPv4 for the
+    /// identifications a GSO send's segments carry too
+    /// ([`rnic_wire::icrc::verify_udp`]); a packet that fails it, or does not
+    /// parse, is dropped and counted.
     pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
         self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload);
     }
@@ -1381,8 +1387,15 @@ impl Nic {
             return;
         };
         let covered = pkt.covered();
-        match icrc::for_udp(src, dst, src_port, covered) {
-            Ok(crc) if crc == pkt.icrc() => {}
+        match icrc::verify_udp(
+            src,
+            dst,
+            src_port,
+            covered,
+            pkt.icrc(),
+            &mut self.gso_deltas,
+        ) {
+            Ok(true) => {}
             _ => {
                 self.counters.icrc_errors += 1;
                 return;

@@ -90,6 +90,49 @@ fn a_udp_socket_cannot_verify_rxe_over_ipv4() {
     assert_eq!(c.unknown_qp, 0, "none verified");
 }
 
+/// A UDP socket sees a GSO send's segments with identifications 0, 1, 2, ...
+/// and cannot see which: the NIC accepts an ICRC made for any
+/// identification below `UDP_GSO_IDS`, and no other. rxe's frames, their
+/// identification rewritten and their ICRC filled for it over the whole
+/// header, are the packets.
+#[test]
+fn a_udp_socket_takes_the_identifications_of_gso_segments() {
+    let frames = frames("rxe-rc_pingpong.pcap");
+    let dst = parse(&frames[0]).ip.dst_addr();
+    for (id, verifies) in [
+        (0u16, true),
+        (1, true),
+        (37, true),
+        (63, true),
+        (64, false),
+        (0x49b1, false),
+    ] {
+        let mut nic = Nic::new(dst, 1);
+        let mut sent = 0;
+        for f in &frames {
+            let mut f = f.clone();
+            let p = parse(&f);
+            if p.ip.dst_addr() != dst {
+                continue;
+            }
+            let (ip_at, src, src_port) = (p.ip_offset, p.ip.src_addr(), p.udp.src_port);
+            let ib_at = p.ib_offset;
+            let end = ip_at + p.ip_packet.len();
+            f[ip_at + 4..ip_at + 6].copy_from_slice(&id.to_be_bytes());
+            rnic_wire::icrc::fill(&mut f[ip_at..end]).unwrap();
+            nic.handle_udp(Time::ZERO, src, dst, src_port, &f[ib_at..end]);
+            sent += 1;
+        }
+        let c = nic.counters();
+        let (verified, failed) = if verifies { (sent, 0) } else { (0, sent) };
+        assert_eq!(
+            (c.unknown_qp, c.icrc_errors),
+            (verified, failed),
+            "identification {id}"
+        );
+    }
+}
+
 #[test]
 fn the_ipv4_identification_is_covered() {
     let mut f = frames("rxe-rc_pingpong.pcap").swap_remove(0);

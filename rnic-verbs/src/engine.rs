@@ -11,7 +11,9 @@
 //! of `rnic_wire::icrc::for_udp`: IPv4 identification 0 and DF set (IPv6: no
 //! convention needed, every variant field is masked). rnic's own sockets send
 //! exactly that (`IP_PMTUDISC_DO` on an unconnected socket), so rnic-to-rnic
-//! traffic verifies end to end, the IPv4 identification included. A peer that
+//! traffic verifies end to end, the IPv4 identification included; segment i
+//! of a UDP GSO send carries identification i, and its ICRC is made for it
+//! (see [`segment`]; a receiver accepts 0 to 63). A peer that
 //! puts its own IDs in IPv4 (rdma_rxe does) fails this check: talking to such
 //! a peer needs the frame transport (`frames`), which reads the whole IP
 //! header.
@@ -97,6 +99,10 @@ pub(crate) struct EngineState {
     /// and handling a batch is one step, so datagrams are handled in the
     /// order they arrived.
     rx: crate::udp::RecvBatch,
+    /// Whether runs of datagrams go out as UDP GSO sends (see [`segment`]).
+    pub gso: bool,
+    /// Datagrams per message of the run being sent, reused.
+    groups: Vec<usize>,
 }
 
 impl EngineState {
@@ -203,26 +209,43 @@ impl EngineState {
             // Each run of datagrams from one address and source port goes
             // out of the socket bound to them (the ICRC covers both).
             let own = self.nic.addr();
-            let mut rest = &tx[..];
-            while let Some(first) = rest.first() {
-                let run = rest
+            let mut at = 0;
+            while let Some(first) = tx.get(at) {
+                let source = (first.src, first.src_port);
+                let run = tx[at..]
                     .iter()
-                    .take_while(|d| (d.src, d.src_port) == (first.src, first.src_port))
+                    .take_while(|d| (d.src, d.src_port) == source)
                     .count();
+                if self.gso {
+                    segment(&mut tx[at..at + run], &mut self.groups);
+                }
+                let rest = &tx[at..];
+                at += run;
                 let from = self
                     .send_sockets
-                    .get(&(first.src, first.src_port))
-                    .or((first.src == own).then_some(socket));
+                    .get(&source)
+                    .or((source.0 == own).then_some(socket));
                 // Datagrams the socket buffer refused are lost, as on a
                 // full link (and there is a socket for every address and
                 // port the NIC sends from).
                 if let Some(from) = from {
-                    let _ = crate::udp::send(from.as_fd(), run, |j| {
-                        let to = rest[j].dst;
-                        (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
-                    });
+                    if self.gso {
+                        let refused = crate::udp::send_groups(from.as_fd(), &self.groups, |j| {
+                            let to = rest[j].dst;
+                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                        })
+                        .is_ok_and(|s| s.gso_refused);
+                        if refused {
+                            tracing::info!("the kernel refused a UDP GSO send: one datagram per message from now on");
+                            self.gso = false;
+                        }
+                    } else {
+                        let _ = crate::udp::send(from.as_fd(), run, |j| {
+                            let to = rest[j].dst;
+                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                        });
+                    }
                 }
-                rest = &rest[run..];
             }
             for d in tx.drain(..) {
                 self.nic.recycle(d.payload);
@@ -257,7 +280,7 @@ impl EngineState {
         // errors: nothing to receive this round.
         let n = self.rx.recv(rx.fd()).unwrap_or_default();
         let mut got = Received {
-            packets: n,
+            packets: 0,
             unpolled: 0,
         };
         if n == 0 {
@@ -266,62 +289,79 @@ impl EngineState {
         let dst = self.nic.addr();
         let now = self.now();
         for i in 0..n {
-            // The IB packet (BTH onwards), and where it came from.
-            let (payload, source) = match rx {
+            // The IB packets (BTH onwards; more than one where GRO joined
+            // datagrams), and where they came from.
+            let (packets, source) = match rx {
                 Rx::Udp(_) => match self.rx.get(i) {
                     Some((p, from)) => (p, Source::Udp(from)),
                     None => {
+                        got.packets += 1;
                         self.nic.count_malformed();
                         continue;
                     }
                 },
                 Rx::Frames(_) => match self.rx.frame(i) {
-                    Some(f) => (crate::frames::ib_packet(f), Source::Frame(f)),
+                    Some(f) => {
+                        let p = crate::frames::ib_packet(f);
+                        if p.is_empty() {
+                            // Not RoCE: the NIC says what it is, and counts it.
+                            got.packets += 1;
+                            self.nic.handle_frame(now, LinkType::RawIp, f);
+                            continue;
+                        }
+                        (p.chunks(p.len()), Source::Frame(f))
+                    }
                     None => {
+                        got.packets += 1;
                         self.nic.count_malformed();
                         continue;
                     }
                 },
             };
-            if payload
-                .first()
-                .and_then(|&op| rnic_wire::Opcode(op).info())
-                .is_some_and(|i| i.ends_without_responder_completion())
-            {
-                got.unpolled += 1;
-            }
-            // The BTH's destination QP (bytes 5-7): the local QP.
-            let span = match payload.get(5..8) {
-                Some(q) if !self.qp_spans.is_empty() => {
-                    self.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+            for payload in packets {
+                got.packets += 1;
+                if payload
+                    .first()
+                    .and_then(|&op| rnic_wire::Opcode(op).info())
+                    .is_some_and(|i| i.ends_without_responder_completion())
+                {
+                    got.unpolled += 1;
                 }
-                _ => tracing::Span::none(),
-            };
-            let _in_qp = span.enter();
-            if self.observed() {
-                // The addresses as the packet carried them.
-                let addrs = match source {
-                    Source::Udp(from) => Some((from.ip(), dst, from.port())),
-                    Source::Frame(frame) => rnic_wire::encap::Frame::parse(LinkType::RawIp, frame)
-                        .ok()
-                        .map(|f| (f.ip.src_addr(), f.ip.dst_addr(), f.udp.src_port)),
+                // The BTH's destination QP (bytes 5-7): the local QP.
+                let span = match payload.get(5..8) {
+                    Some(q) if !self.qp_spans.is_empty() => {
+                        self.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+                    }
+                    _ => tracing::Span::none(),
                 };
-                if let Some((src, dst, src_port)) = addrs {
-                    let d = Datagram {
-                        src,
-                        dst,
-                        src_port,
-                        payload: payload.to_vec(),
+                let _in_qp = span.enter();
+                if self.observed() {
+                    // The addresses as the packet carried them.
+                    let addrs = match source {
+                        Source::Udp(from) => Some((from.ip(), dst, from.port())),
+                        Source::Frame(frame) => {
+                            rnic_wire::encap::Frame::parse(LinkType::RawIp, frame)
+                                .ok()
+                                .map(|f| (f.ip.src_addr(), f.ip.dst_addr(), f.udp.src_port))
+                        }
                     };
-                    self.observe(false, now, &d);
+                    if let Some((src, dst, src_port)) = addrs {
+                        let d = Datagram {
+                            src,
+                            dst,
+                            src_port,
+                            payload: payload.to_vec(),
+                        };
+                        self.observe(false, now, &d);
+                    }
                 }
-            }
-            match source {
-                Source::Udp(from) => {
-                    self.nic
-                        .handle_udp(now, from.ip(), dst, from.port(), payload);
+                match source {
+                    Source::Udp(from) => {
+                        self.nic
+                            .handle_udp(now, from.ip(), dst, from.port(), payload);
+                    }
+                    Source::Frame(frame) => self.nic.handle_frame(now, LinkType::RawIp, frame),
                 }
-                Source::Frame(frame) => self.nic.handle_frame(now, LinkType::RawIp, frame),
             }
         }
         self.pump(socket);
@@ -556,6 +596,41 @@ pub(crate) struct Engine {
 pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
 
 /// Port 4791 of `to`, with `scope` if it is a link-local IPv6 address.
+/// Cut `run`, datagrams from one address and port, into the messages of
+/// UDP GSO sends (`groups`: datagrams per message, see
+/// [`crate::udp::gso_run`]), and make each IPv4 segment's ICRC the one for
+/// the identification the kernel will give it: its index in its message
+/// ([`rnic_wire::icrc::ipv4_id_delta`]; IPv6 has no identification).
+fn segment(run: &mut [Datagram], groups: &mut Vec<usize>) {
+    groups.clear();
+    let mut at = 0;
+    while at < run.len() {
+        let rest = &mut run[at..];
+        let n = crate::udp::gso_run(rest.len(), |i| {
+            (SocketAddr::new(rest[i].dst, 0), rest[i].payload.len())
+        });
+        groups.push(n);
+        if n > 1 && rest[0].dst.is_ipv4() {
+            let full = rest[0].payload.len();
+            let mut deltas = rnic_wire::icrc::IdDeltas::new(full - rnic_wire::icrc::ICRC_LEN);
+            for (k, d) in rest[..n].iter_mut().enumerate().skip(1) {
+                let len = d.payload.len();
+                if len != full {
+                    deltas = rnic_wire::icrc::IdDeltas::new(len - rnic_wire::icrc::ICRC_LEN);
+                }
+                let delta = deltas.get(k as u16).to_le_bytes();
+                for (b, x) in d.payload[len - rnic_wire::icrc::ICRC_LEN..]
+                    .iter_mut()
+                    .zip(delta)
+                {
+                    *b ^= x;
+                }
+            }
+        }
+        at += n;
+    }
+}
+
 fn to_socket_addr(to: IpAddr, scope: u32) -> SocketAddr {
     match to {
         IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, ROCE_PORT, 0, scope)),
@@ -602,6 +677,25 @@ fn open_socket_shared(addr: IpAddr, port: u16, scope: u32, shared: bool) -> io::
         let _ = set_socket_send_buffer_size(&socket, SOCKET_BUFFER);
     }
     Ok(socket)
+}
+
+/// Whether a NIC on `addr` sends runs of datagrams as UDP GSO sends:
+/// `RNIC_GSO` (on or off) if set; otherwise only on loopback with the UDP
+/// transport, where the kernel cuts the segments itself (the way a veth
+/// test proves correct) and every receiver is a UDP socket. On a real
+/// interface a NIC's own segmentation offload might number the IPv4
+/// identification otherwise, and a peer's frame socket on `lo` would see
+/// the uncut message.
+fn gso_default(addr: IpAddr, frames: bool) -> io::Result<bool> {
+    match std::env::var("RNIC_GSO").as_deref() {
+        Ok("on" | "1") => Ok(true),
+        Ok("off" | "0") => Ok(false),
+        Ok(other) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("RNIC_GSO={other}: expected on or off"),
+        )),
+        Err(_) => Ok(addr.is_loopback() && !frames),
+    }
 }
 
 /// The largest IP packet between `addr` and its peers: the interface's MTU
@@ -683,6 +777,13 @@ impl Engine {
         let start = Instant::now();
         // Packets of QPs without a port of their own leave from 4791.
         nic.set_udp_source_port(Some(ROCE_PORT));
+        // On the UDP transport a peer's GSO send arrives whole where the
+        // kernel can (GRO), one receive for what took one send.
+        let rx = if frames.is_none() && crate::udp::enable_gro(socket.as_fd()).is_ok() {
+            crate::udp::RecvBatch::with_gro()
+        } else {
+            crate::udp::RecvBatch::new()
+        };
         let state = EngineState {
             nic,
             start,
@@ -697,7 +798,9 @@ impl Engine {
             span: span.clone(),
             tx: Vec::with_capacity(crate::udp::BATCH),
             impair: None,
-            rx: crate::udp::RecvBatch::new(),
+            rx,
+            gso: gso_default(addr, iface.is_some())?,
+            groups: Vec::with_capacity(crate::udp::BATCH),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

@@ -1,12 +1,15 @@
-//! Batched UDP I/O: `recvmmsg` and `sendmmsg`, up to [`BATCH`] datagrams per
+//! Batched UDP I/O: `recvmmsg` and `sendmmsg`, up to [`BATCH`] messages per
 //! system call, where one call per datagram would cost more than the engine
 //! spends on the packet itself. Public so that a benchmark's raw UDP
 //! baseline makes the same system calls as the engine does.
 //!
-//! Not used, on purpose: UDP GSO. Linux numbers the IPv4 identification of
-//! the segments it cuts from one GSO send 0, 1, 2, ..., and the ICRC covers
-//! that field, so every segment after the first would carry a wrong ICRC on
-//! a real wire (rnic's convention is identification 0, see `engine`).
+//! [`send_groups`] also cuts runs of datagrams into UDP GSO sends
+//! (`UDP_SEGMENT`): one message the kernel splits into datagrams. Linux
+//! numbers the IPv4 identification of the datagrams it cuts from one send
+//! 0, 1, 2, ... on rnic's sockets, and the ICRC covers that field, so the
+//! caller prepares each segment's ICRC for the number it will carry
+//! ([`rnic_wire::icrc::ipv4_id_delta`]; [`gso_run`] says which datagrams
+//! share a send).
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -20,21 +23,41 @@ pub const BATCH: usize = 32;
 /// larger datagram is truncated and reported as such.
 const SLOT: usize = 8192;
 
+/// Bytes per receive slot with GRO: the largest UDP payload.
+const GRO_SLOT: usize = 65536;
+
 /// Receive buffers and what the last `recv` filled in. The message headers
 /// are built once and point into the struct's own heap buffers, which never
 /// move (they are never resized), so a receive allocates nothing.
 pub struct RecvBatch {
     bufs: Vec<u8>,
+    slot: usize,
     addrs: Vec<libc::sockaddr_storage>,
     iovs: Vec<libc::iovec>,
     hdrs: Vec<libc::mmsghdr>,
+    /// Per slot, room for a `UDP_GRO` control message (empty without GRO).
+    controls: Vec<GroCmsg>,
     lens: Vec<usize>,
+    /// Per slot, the length of the datagrams GRO joined into it (its whole
+    /// length when it holds one).
+    segs: Vec<usize>,
     truncated: Vec<bool>,
 }
 
-// SAFETY: the raw pointers in `iovs` and `hdrs` point into `bufs`, `addrs`
-// and `iovs`, heap buffers owned by the same struct: moving the struct to
-// another thread moves them with it, and nothing else refers to them.
+/// A `UDP_GRO` control message as the kernel writes it: a cmsghdr and the
+/// size of the datagrams it joined, an int, in `CMSG_SPACE(4)` bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GroCmsg {
+    hdr: libc::cmsghdr,
+    seg: libc::c_int,
+    _pad: [u8; size_of::<usize>() - size_of::<libc::c_int>()],
+}
+
+// SAFETY: the raw pointers in `iovs` and `hdrs` point into `bufs`, `addrs`,
+// `iovs` and `controls`, heap buffers owned by the same struct: moving the
+// struct to another thread moves them with it, and nothing else refers to
+// them.
 unsafe impl Send for RecvBatch {}
 
 impl Default for RecvBatch {
@@ -46,27 +69,46 @@ impl Default for RecvBatch {
 impl RecvBatch {
     /// Room for [`BATCH`] datagrams of up to 8 KiB each.
     pub fn new() -> RecvBatch {
+        RecvBatch::with_slots(SLOT, false)
+    }
+
+    /// Room for [`BATCH`] messages of up to 64 KiB each, for a socket with
+    /// `UDP_GRO` on ([`enable_gro`]): the kernel may hand over several
+    /// datagrams of one sender joined into one message, which
+    /// [`RecvBatch::get`] gives back one by one.
+    pub fn with_gro() -> RecvBatch {
+        RecvBatch::with_slots(GRO_SLOT, true)
+    }
+
+    fn with_slots(slot: usize, gro: bool) -> RecvBatch {
         let mut b = RecvBatch {
-            bufs: vec![0; SLOT * BATCH],
+            bufs: vec![0; slot * BATCH],
+            slot,
             // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
             addrs: vec![unsafe { zeroed() }; BATCH],
             iovs: Vec::with_capacity(BATCH),
             hdrs: Vec::with_capacity(BATCH),
+            // SAFETY: plain data; all zeroes is valid.
+            controls: vec![unsafe { zeroed() }; if gro { BATCH } else { 0 }],
             lens: vec![0; BATCH],
+            segs: vec![0; BATCH],
             truncated: vec![false; BATCH],
         };
-        for slot in b.bufs.chunks_mut(SLOT) {
+        for slot in b.bufs.chunks_mut(slot) {
             b.iovs.push(libc::iovec {
                 iov_base: slot.as_mut_ptr().cast(),
                 iov_len: slot.len(),
             });
         }
-        for (iov, addr) in b.iovs.iter_mut().zip(b.addrs.iter_mut()) {
+        for (i, (iov, addr)) in b.iovs.iter_mut().zip(b.addrs.iter_mut()).enumerate() {
             // SAFETY: mmsghdr is plain data; all zeroes is a valid empty one.
             let mut h: libc::mmsghdr = unsafe { zeroed() };
             h.msg_hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
             h.msg_hdr.msg_iov = iov;
             h.msg_hdr.msg_iovlen = 1;
+            if let Some(c) = b.controls.get_mut(i) {
+                h.msg_hdr.msg_control = (c as *mut GroCmsg).cast();
+            }
             b.hdrs.push(h);
         }
         b
@@ -74,9 +116,16 @@ impl RecvBatch {
 
     /// Receive up to [`BATCH`] datagrams without blocking; how many (0 if none waits).
     pub fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        let control = if self.controls.is_empty() {
+            0
+        } else {
+            size_of::<GroCmsg>()
+        };
         for h in &mut self.hdrs {
-            // The kernel writes back the address's length and the flags.
+            // The kernel writes back the address's length, the control
+            // message's and the flags.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = control as _;
             h.msg_hdr.msg_flags = 0;
         }
         // SAFETY: every header points at a live iovec over a live slot of
@@ -100,8 +149,18 @@ impl RecvBatch {
         }
         let n = n as usize;
         for (i, h) in self.hdrs.iter().take(n).enumerate() {
-            self.lens[i] = (h.msg_len as usize).min(SLOT);
-            self.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            let len = (h.msg_len as usize).min(self.slot);
+            self.lens[i] = len;
+            self.truncated[i] = h.msg_hdr.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0;
+            self.segs[i] = len;
+            if let Some(c) = self.controls.get(i) {
+                let joined = h.msg_hdr.msg_controllen >= size_of::<libc::cmsghdr>()
+                    && c.hdr.cmsg_level == libc::SOL_UDP
+                    && c.hdr.cmsg_type == libc::UDP_GRO;
+                if joined && c.seg > 0 {
+                    self.segs[i] = c.seg as usize;
+                }
+            }
         }
         Ok(n)
     }
@@ -109,18 +168,41 @@ impl RecvBatch {
     /// Frame `i` of the last batch, from a packet socket: its bytes, or
     /// None if it was truncated.
     pub fn frame(&self, i: usize) -> Option<&[u8]> {
-        (!self.truncated[i]).then(|| &self.bufs[i * SLOT..i * SLOT + self.lens[i]])
+        (!self.truncated[i]).then(|| &self.bufs[i * self.slot..i * self.slot + self.lens[i]])
     }
 
-    /// Datagram `i` of the last batch: its bytes and sender, or None if it
-    /// was truncated or its sender is not an IP address.
-    pub fn get(&self, i: usize) -> Option<(&[u8], SocketAddr)> {
-        if self.truncated[i] {
+    /// Message `i` of the last batch: the datagrams in it (more than one
+    /// only where GRO joined them) and their sender, or None if it was
+    /// empty or truncated or its sender is not an IP address.
+    pub fn get(&self, i: usize) -> Option<(std::slice::Chunks<'_, u8>, SocketAddr)> {
+        if self.truncated[i] || self.lens[i] == 0 {
             return None;
         }
         let from = from_sockaddr(&self.addrs[i])?;
-        Some((&self.bufs[i * SLOT..i * SLOT + self.lens[i]], from))
+        let bytes = &self.bufs[i * self.slot..i * self.slot + self.lens[i]];
+        Some((bytes.chunks(self.segs[i].max(1)), from))
     }
+}
+
+/// Turn `UDP_GRO` on for `fd`: the kernel may then hand over datagrams of
+/// one sender joined into one message (a UDP GSO send arrives whole), to
+/// be received with [`RecvBatch::with_gro`]. Fails on kernels without it.
+pub fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid descriptor, and a pointer to an int with its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_GRO,
+            (&on as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Send `count` datagrams, the `i`th being `datagram(i)` (destination,
@@ -183,6 +265,177 @@ pub fn send<'a>(
         sent += n as usize;
     }
     Ok(sent)
+}
+
+/// Most datagrams in one GSO send: Linux's `UDP_MAX_SEGMENTS` before 6.2,
+/// and the identifications a receiver on a UDP socket accepts
+/// ([`rnic_wire::icrc::UDP_GSO_IDS`]).
+pub const GSO_SEGMENTS: usize = rnic_wire::icrc::UDP_GSO_IDS as usize;
+
+/// Most bytes in one GSO send: what one IPv4 or IPv6 datagram can carry.
+const GSO_BYTES: usize = 65_000;
+
+/// Datagrams per [`send_groups`] system call, at most.
+const IOVS: usize = 256;
+
+/// How many datagrams from the first of `count` one GSO send can carry: the
+/// first and those after it to the same destination, all of the first's
+/// length but the last, which may be shorter, at most [`GSO_SEGMENTS`] and
+/// 65,000 bytes. `datagram(i)` gives the `i`th's destination and length.
+pub fn gso_run(count: usize, datagram: impl Fn(usize) -> (SocketAddr, usize)) -> usize {
+    let Some((to, seg)) = (count > 0).then(|| datagram(0)) else {
+        return 0;
+    };
+    let mut n = 1;
+    let mut bytes = seg;
+    while n < count.min(GSO_SEGMENTS) {
+        let (next_to, len) = datagram(n);
+        if next_to != to || len > seg || len == 0 || bytes + len > GSO_BYTES {
+            break;
+        }
+        n += 1;
+        bytes += len;
+        if len < seg {
+            break; // a shorter one ends the send
+        }
+    }
+    n
+}
+
+/// What [`send_groups`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Datagrams handed to the kernel.
+    pub datagrams: usize,
+    /// The kernel refused a GSO send for a reason that will not pass (no
+    /// `UDP_SEGMENT`, a path it cannot segment on): its datagrams were
+    /// dropped, and the caller should send one datagram per message from
+    /// now on.
+    pub gso_refused: bool,
+}
+
+/// Send `groups.len()` messages, message `g` being the `groups[g]`
+/// datagrams that follow the previous messages' (`datagram(i)` gives the
+/// `i`th's destination and bytes): a message of more than one datagram goes
+/// as one GSO send, and must be what [`gso_run`] would make of them. As few
+/// system calls as the socket buffer allows, and no allocation. Messages
+/// the socket buffer refused are lost, as on a full link (the transport
+/// retransmits).
+pub fn send_groups<'a>(
+    fd: BorrowedFd<'_>,
+    groups: &[usize],
+    datagram: impl Fn(usize) -> (SocketAddr, &'a [u8]),
+) -> io::Result<Sent> {
+    // SAFETY (all three): plain data; all zeroes is valid.
+    let mut addrs: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
+    let mut iovs: [libc::iovec; IOVS] = unsafe { zeroed() };
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    let mut controls: [SegmentCmsg; BATCH] = [SegmentCmsg::new(0); BATCH];
+    let mut out = Sent::default();
+    let mut g = 0; // the next message
+    let mut first = 0; // its first datagram
+    while g < groups.len() {
+        // Messages for this call: up to BATCH of them and IOVS datagrams.
+        let mut msgs = 0;
+        let mut iov_at = 0;
+        let mut at = first;
+        while g + msgs < groups.len() && msgs < BATCH {
+            let n = groups[g + msgs];
+            if iov_at + n > IOVS {
+                break;
+            }
+            let (to, _) = datagram(at);
+            let len;
+            (addrs[msgs], len) = to_sockaddr(to);
+            for k in 0..n {
+                let data = datagram(at + k).1;
+                iovs[iov_at + k] = libc::iovec {
+                    iov_base: data.as_ptr() as *mut libc::c_void,
+                    iov_len: data.len(),
+                };
+            }
+            let h = &mut hdrs[msgs].msg_hdr;
+            h.msg_name = (&mut addrs[msgs] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = len;
+            h.msg_iov = &mut iovs[iov_at];
+            h.msg_iovlen = n as _;
+            if n > 1 {
+                controls[msgs] = SegmentCmsg::new(datagram(at).1.len() as u16);
+                h.msg_control = (&mut controls[msgs] as *mut SegmentCmsg).cast();
+                h.msg_controllen = size_of::<SegmentCmsg>() as _;
+            } else {
+                h.msg_control = std::ptr::null_mut();
+                h.msg_controllen = 0;
+            }
+            iov_at += n;
+            at += n;
+            msgs += 1;
+        }
+        // SAFETY: every header points at a live address, live iovecs over
+        // bytes borrowed for the duration of the call and, for GSO, a live
+        // control buffer; the kernel only reads them.
+        let sent = unsafe {
+            libc::sendmmsg(
+                fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                msgs as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if sent < 0 {
+            let e = io::Error::last_os_error();
+            let head = groups[g];
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => return Ok(out),
+                Some(libc::EINTR) => continue,
+                Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::ENOPROTOOPT) if head > 1 => {
+                    out.gso_refused = true;
+                }
+                // An ICMP error from an earlier datagram (a peer gone) is
+                // reported here once; the message at the head was not sent.
+                _ if g + 1 < groups.len() => {}
+                _ => return Err(e),
+            }
+            first += head;
+            g += 1;
+            continue;
+        }
+        if sent == 0 {
+            break;
+        }
+        for &n in &groups[g..g + sent as usize] {
+            out.datagrams += n;
+            first += n;
+        }
+        g += sent as usize;
+    }
+    Ok(out)
+}
+
+/// A `UDP_SEGMENT` control message: a cmsghdr and the segment size, laid
+/// out as `CMSG_SPACE(2)` bytes (the data follows the header, which is a
+/// multiple of the alignment, `size_of::<usize>()`, long).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SegmentCmsg {
+    hdr: libc::cmsghdr,
+    seg: u16,
+    _pad: [u8; size_of::<usize>() - size_of::<u16>()],
+}
+
+impl SegmentCmsg {
+    fn new(seg: u16) -> SegmentCmsg {
+        // SAFETY: cmsghdr is plain data; all zeroes is valid.
+        let mut hdr: libc::cmsghdr = unsafe { zeroed() };
+        hdr.cmsg_level = libc::SOL_UDP;
+        hdr.cmsg_type = libc::UDP_SEGMENT;
+        hdr.cmsg_len = (size_of::<libc::cmsghdr>() + size_of::<u16>()) as _;
+        SegmentCmsg {
+            hdr,
+            seg,
+            _pad: [0; size_of::<usize>() - size_of::<u16>()],
+        }
+    }
 }
 
 fn to_sockaddr(to: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -285,9 +538,13 @@ mod tests {
             for _ in 0..100 {
                 let n = rb.recv(b.as_fd()).unwrap();
                 for i in 0..n {
-                    let (data, from) = rb.get(i).unwrap();
+                    let (mut data, from) = rb.get(i).unwrap();
                     assert_eq!(from, a.local_addr().unwrap());
-                    got.push(data.to_vec());
+                    got.push(data.next().unwrap().to_vec());
+                    assert!(
+                        data.next().is_none(),
+                        "one datagram per message without GRO"
+                    );
                 }
                 if got.len() == 40 {
                     break;
@@ -301,6 +558,105 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
             assert_eq!(rb.recv(b.as_fd()).unwrap(), 1);
             assert!(rb.get(0).is_none());
+        }
+    }
+
+    #[test]
+    fn the_segment_message_is_laid_out_as_cmsg_space() {
+        // SAFETY: pure arithmetic.
+        let (space, len) = unsafe { (libc::CMSG_SPACE(2), libc::CMSG_LEN(2)) };
+        assert_eq!(size_of::<SegmentCmsg>(), space as usize);
+        assert_eq!(SegmentCmsg::new(9).hdr.cmsg_len, len as usize);
+    }
+
+    #[test]
+    fn runs_end_at_a_new_destination_a_longer_or_shorter_datagram_or_the_limits() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:1".parse().unwrap();
+        let run = |d: &[(SocketAddr, usize)]| gso_run(d.len(), |i| d[i]);
+        assert_eq!(run(&[]), 0);
+        assert_eq!(run(&[(a, 100)]), 1);
+        assert_eq!(run(&[(a, 100), (a, 100), (b, 100)]), 2);
+        assert_eq!(run(&[(a, 100), (a, 100), (a, 101)]), 2);
+        assert_eq!(
+            run(&[(a, 100), (a, 60), (a, 60)]),
+            2,
+            "a shorter one is the last"
+        );
+        assert_eq!(run(&[(a, 100), (a, 0)]), 1);
+        let many = vec![(a, 100); 100];
+        assert_eq!(run(&many), GSO_SEGMENTS);
+        let big = vec![(a, 4000); 40];
+        assert_eq!(run(&big), 16, "65,000 bytes at most");
+    }
+
+    /// GSO sends arrive as the datagrams they were cut from, in order, each
+    /// its own length, next to single ones; IPv4 and IPv6; at a socket
+    /// without GRO (the kernel cuts them on the way in) and with it (they
+    /// arrive joined, and come out of the batch cut).
+    #[test]
+    fn gso_groups_arrive_as_their_datagrams() {
+        for (local, gro) in [
+            ("127.0.0.1:0", false),
+            ("[::1]:0", false),
+            ("127.0.0.1:0", true),
+            ("[::1]:0", true),
+        ] {
+            let (Ok(a), Ok(b)) = (UdpSocket::bind(local), UdpSocket::bind(local)) else {
+                continue; // no IPv6 here
+            };
+            if gro {
+                enable_gro(b.as_fd()).unwrap();
+            }
+            let to = b.local_addr().unwrap();
+            // 3 x 1000 + 400, 1 x 50, 5 x 700, 2 x 1000
+            let lens = [
+                1000, 1000, 1000, 400, 50, 700, 700, 700, 700, 700, 1000, 1000,
+            ];
+            let payloads: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+                .collect();
+            let out: Vec<(SocketAddr, &[u8])> =
+                payloads.iter().map(|p| (to, p.as_slice())).collect();
+            let mut groups = Vec::new();
+            let mut at = 0;
+            while at < out.len() {
+                let n = gso_run(out.len() - at, |i| (out[at + i].0, out[at + i].1.len()));
+                groups.push(n);
+                at += n;
+            }
+            assert_eq!(groups, [4, 1, 5, 2]);
+            let sent = send_groups(a.as_fd(), &groups, |i| out[i]).unwrap();
+            assert_eq!(
+                sent,
+                Sent {
+                    datagrams: lens.len(),
+                    gso_refused: false
+                }
+            );
+            let mut rb = if gro {
+                RecvBatch::with_gro()
+            } else {
+                RecvBatch::new()
+            };
+            let mut got = Vec::new();
+            let mut messages = 0;
+            for _ in 0..100 {
+                let n = rb.recv(b.as_fd()).unwrap();
+                messages += n;
+                for i in 0..n {
+                    got.extend(rb.get(i).unwrap().0.map(<[u8]>::to_vec));
+                }
+                if got.len() >= lens.len() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(got, payloads, "{local} GRO {gro}");
+            let want = if gro { groups.len() } else { lens.len() };
+            assert_eq!(messages, want, "{local} GRO {gro}: messages received");
         }
     }
 }

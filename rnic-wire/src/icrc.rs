@@ -211,6 +211,160 @@ pub fn for_udp(src: IpAddr, dst: IpAddr, src_port: u16, ib: &[u8]) -> Result<u32
     compute_parts(&ip[..ip_len], &udp, ib)
 }
 
+/// How many IPv4 identifications a receiver on a UDP socket accepts, from 0:
+/// one per segment of a UDP GSO send (see [`ipv4_id_delta`]).
+pub const UDP_GSO_IDS: u16 = 64;
+
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xEDB8_8320;
+
+/// `a * b` modulo the CRC polynomial, in the CRC's reflected representation
+/// (bit 31 is the coefficient of x^0).
+const fn gf_mul(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut i = 0;
+    while i < 32 {
+        if a & (1 << (31 - i)) != 0 {
+            product ^= b;
+        }
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+        i += 1;
+    }
+    product
+}
+
+/// x^(8 * bytes) modulo the polynomial: what `bytes` zero bytes do to a CRC
+/// register.
+fn zeros(mut bytes: usize) -> u32 {
+    let mut power = 1 << 31; // x^0
+    let mut square = 1 << (31 - 8); // x^8
+    while bytes != 0 {
+        if bytes & 1 != 0 {
+            power = gf_mul(power, square);
+        }
+        square = gf_mul(square, square);
+        bytes >>= 1;
+    }
+    power
+}
+
+/// The CRC register after the two bytes of `id` (big-endian), from zero.
+const fn raw_id(id: u16) -> u32 {
+    let mut crc = 0u32;
+    let bytes = id.to_be_bytes();
+    let mut i = 0;
+    while i < 2 {
+        crc ^= bytes[i] as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ POLY
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        i += 1;
+    }
+    crc
+}
+
+/// How the ICRC of a RoCE v2 packet in IPv4 changes when its IPv4
+/// identification is `id` instead of 0: `ICRC(id) = ICRC(0) ^ delta`, for an
+/// IB part (BTH through the last pad byte) of `ib_len` bytes.
+///
+/// A CRC is linear: two messages of one length that differ only in the
+/// identification have CRCs that differ by the CRC, from zero, of that
+/// difference followed by the bytes after it (14 of the IPv4 header, the UDP
+/// header, the IB part), which is `raw(id) * x^(8 * bytes after)`.
+///
+/// Linux gives the datagrams it cuts from one UDP GSO send (`UDP_SEGMENT`)
+/// on an unconnected socket with `IP_PMTUDISC_DO` the identifications 0, 1,
+/// 2, ...: a sender that prepares segment `i`'s ICRC for identification `i`
+/// sends correct packets, and a receiver on a UDP socket, which never sees
+/// the identification, accepts identifications below [`UDP_GSO_IDS`].
+pub fn ipv4_id_delta(id: u16, ib_len: usize) -> u32 {
+    IdDeltas::new(ib_len).get(id)
+}
+
+/// [`ipv4_id_delta`] for one IB length and every identification, at the
+/// cost of one power for the length: a GSO send's segments share theirs.
+#[derive(Debug, Clone, Copy)]
+pub struct IdDeltas {
+    ib_len: usize,
+    shift: u32,
+}
+
+impl IdDeltas {
+    /// The deltas for IB parts of `ib_len` bytes.
+    pub fn new(ib_len: usize) -> IdDeltas {
+        // After the identification: IPv4 bytes 6..20, the UDP header, the IB part.
+        IdDeltas {
+            ib_len,
+            shift: zeros(14 + UDP_LEN + ib_len),
+        }
+    }
+
+    /// The IB length these deltas are for.
+    pub fn ib_len(&self) -> usize {
+        self.ib_len
+    }
+
+    /// The delta for identification `id`.
+    pub fn get(&self, id: u16) -> u32 {
+        gf_mul(raw_id(id), self.shift)
+    }
+
+    /// The identification below [`UDP_GSO_IDS`] whose delta is `delta`, if
+    /// any (0 for no change).
+    pub fn find(&self, delta: u32) -> Option<u16> {
+        // Linear in the identification: build each delta from the deltas of
+        // single bits, in Gray-code order (one XOR per step).
+        const BITS: u32 = UDP_GSO_IDS.trailing_zeros();
+        let mut basis = [0u32; BITS as usize];
+        for (b, d) in basis.iter_mut().enumerate() {
+            *d = self.get(1 << b);
+        }
+        let mut acc = 0u32;
+        for step in 0..UDP_GSO_IDS {
+            if step != 0 {
+                acc ^= basis[step.trailing_zeros() as usize];
+            }
+            if acc == delta {
+                return Some(step ^ (step >> 1));
+            }
+        }
+        None
+    }
+}
+
+/// Whether `icrc` is the ICRC of `ib` sent from `src`:`src_port` to
+/// `dst`:4791 on a UDP socket, under [`for_udp`]'s convention or, in IPv4,
+/// as one of the first [`UDP_GSO_IDS`] segments of a GSO send (whose
+/// identification is its index). `deltas` caches the deltas for one length
+/// between calls.
+pub fn verify_udp(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    ib: &[u8],
+    icrc: u32,
+    deltas: &mut Option<IdDeltas>,
+) -> Result<bool> {
+    let expected = for_udp(src, dst, src_port, ib)?;
+    if expected == icrc {
+        return Ok(true);
+    }
+    if !src.is_ipv4() {
+        return Ok(false);
+    }
+    let d = match deltas {
+        Some(d) if d.ib_len == ib.len() => *d,
+        _ => *deltas.insert(IdDeltas::new(ib.len())),
+    };
+    Ok(d.find(expected ^ icrc).is_some())
+}
+
 /// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
 /// the IB part without the ICRC.
 fn split(ip_packet: &[u8]) -> Result<(&[u8], &[u8], &[u8])> {
@@ -350,5 +504,72 @@ mod tests {
         assert!(compute(&[0x41; 80]).is_err()); // IHL 1
         assert!(compute_parts(&[0x45; 20], &[0; 7], &[0; 12]).is_err());
         assert!(compute_parts(&[0x60; 39], &[0; 8], &[0; 12]).is_err());
+    }
+
+    /// rdma_rxe numbers its IPv4 packets: the ACK above carries 0x49b1. Its
+    /// ICRC is the one for identification 0, changed by the delta.
+    #[test]
+    fn a_real_packet_s_identification_is_a_delta() {
+        let pkt = hex(ACK);
+        let ib = &pkt[28..pkt.len() - 4];
+        let src = IpAddr::from([10, 77, 0, 2]);
+        let dst = IpAddr::from([10, 77, 0, 1]);
+        let at_0 = for_udp(src, dst, 0xc121, ib).unwrap();
+        assert_eq!(at_0 ^ ipv4_id_delta(0x49b1, ib.len()), 0x81d5_f152);
+        assert_eq!(ipv4_id_delta(0, ib.len()), 0);
+        // Outside the GSO window: a UDP receiver still refuses it.
+        let mut cache = None;
+        assert!(!verify_udp(src, dst, 0xc121, ib, 0x81d5_f152, &mut cache).unwrap());
+    }
+
+    proptest::proptest! {
+        /// For any packet and identification, a frame carrying that
+        /// identification has the ICRC that the delta predicts, and a UDP
+        /// receiver accepts it exactly when the identification is in the
+        /// GSO window.
+        #[test]
+        fn deltas_match_frames_with_that_identification(
+            ib_len in 12usize..4200,
+            fill in proptest::num::u8::ANY,
+            id in proptest::num::u16::ANY,
+            small in 0u16..UDP_GSO_IDS,
+        ) {
+            let src = IpAddr::from([10, 0, 0, 1]);
+            let dst = IpAddr::from([10, 0, 0, 2]);
+            let mut ib: Vec<u8> = (0..ib_len).map(|i| (i as u8).wrapping_mul(fill)).collect();
+            ib[0] = 0x04; // an RC SEND_ONLY BTH is enough for the CRC
+            for id in [id, small] {
+                let mut frame = vec![0u8; 28];
+                let total = (28 + ib_len + ICRC_LEN) as u16;
+                frame[0] = 0x45;
+                frame[2..4].copy_from_slice(&total.to_be_bytes());
+                frame[4..6].copy_from_slice(&id.to_be_bytes());
+                frame[6] = 0x40;
+                frame[8] = 64;
+                frame[9] = ipv4::PROTO_UDP;
+                frame[12..16].copy_from_slice(&[10, 0, 0, 1]);
+                frame[16..20].copy_from_slice(&[10, 0, 0, 2]);
+                frame[20..22].copy_from_slice(&0xc000u16.to_be_bytes());
+                frame[22..24].copy_from_slice(&crate::ROCE_V2_PORT.to_be_bytes());
+                frame[24..26].copy_from_slice(&((8 + ib_len + ICRC_LEN) as u16).to_be_bytes());
+                frame.extend_from_slice(&ib);
+                frame.extend_from_slice(&[0; ICRC_LEN]);
+                let real = fill_frame(&mut frame);
+                let at_0 = for_udp(src, dst, 0xc000, &ib).unwrap();
+                proptest::prop_assert_eq!(at_0 ^ ipv4_id_delta(id, ib_len), real);
+                let deltas = IdDeltas::new(ib_len);
+                let found = deltas.find(at_0 ^ real);
+                proptest::prop_assert_eq!(found, (id < UDP_GSO_IDS).then_some(id));
+                let mut cache = None;
+                proptest::prop_assert_eq!(
+                    verify_udp(src, dst, 0xc000, &ib, real, &mut cache).unwrap(),
+                    id < UDP_GSO_IDS
+                );
+            }
+        }
+    }
+
+    fn fill_frame(frame: &mut [u8]) -> u32 {
+        fill(frame).unwrap()
     }
 }

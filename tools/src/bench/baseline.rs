@@ -222,7 +222,7 @@ fn udp_receive(
                 let n = batch.recv(rx.as_fd())?;
                 for i in 0..n {
                     if let Some((d, _)) = batch.get(i) {
-                        got.add(d.len());
+                        got.add(d.map(<[u8]>::len).sum());
                     }
                 }
                 if n == 0 {
