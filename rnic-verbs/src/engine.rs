@@ -34,6 +34,7 @@ use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
 use rnic_core::Nic;
 use rnic_wire::encap::LinkType;
+use rnic_wire::icrc::{IdDeltas, ICRC_LEN};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
@@ -103,6 +104,8 @@ pub(crate) struct EngineState {
     pub gso: bool,
     /// Datagrams per message of the run being sent, reused.
     groups: Vec<usize>,
+    /// The ICRC deltas for the last segment length sent.
+    gso_deltas: Option<IdDeltas>,
 }
 
 impl EngineState {
@@ -217,7 +220,11 @@ impl EngineState {
                     .take_while(|d| (d.src, d.src_port) == source)
                     .count();
                 if self.gso {
-                    segment(&mut tx[at..at + run], &mut self.groups);
+                    segment(
+                        &mut tx[at..at + run],
+                        &mut self.groups,
+                        &mut self.gso_deltas,
+                    );
                 }
                 let rest = &tx[at..];
                 at += run;
@@ -601,7 +608,7 @@ pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
 /// [`crate::udp::gso_run`]), and make each IPv4 segment's ICRC the one for
 /// the identification the kernel will give it: its index in its message
 /// ([`rnic_wire::icrc::ipv4_id_delta`]; IPv6 has no identification).
-fn segment(run: &mut [Datagram], groups: &mut Vec<usize>) {
+fn segment(run: &mut [Datagram], groups: &mut Vec<usize>, cache: &mut Option<IdDeltas>) {
     groups.clear();
     let mut at = 0;
     while at < run.len() {
@@ -611,13 +618,13 @@ fn segment(run: &mut [Datagram], groups: &mut Vec<usize>) {
         });
         groups.push(n);
         if n > 1 && rest[0].dst.is_ipv4() {
-            let full = rest[0].payload.len();
-            let mut deltas = rnic_wire::icrc::IdDeltas::new(full - rnic_wire::icrc::ICRC_LEN);
             for (k, d) in rest[..n].iter_mut().enumerate().skip(1) {
                 let len = d.payload.len();
-                if len != full {
-                    deltas = rnic_wire::icrc::IdDeltas::new(len - rnic_wire::icrc::ICRC_LEN);
-                }
+                let ib_len = len - ICRC_LEN;
+                let deltas = match cache {
+                    Some(c) if c.ib_len() == ib_len => *c,
+                    _ => *cache.insert(IdDeltas::new(ib_len)),
+                };
                 let delta = deltas.get(k as u16).to_le_bytes();
                 for (b, x) in d.payload[len - rnic_wire::icrc::ICRC_LEN..]
                     .iter_mut()
@@ -801,6 +808,7 @@ impl Engine {
             rx,
             gso: gso_default(addr, iface.is_some())?,
             groups: Vec::with_capacity(crate::udp::BATCH),
+            gso_deltas: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

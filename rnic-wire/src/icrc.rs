@@ -293,15 +293,27 @@ pub fn ipv4_id_delta(id: u16, ib_len: usize) -> u32 {
 pub struct IdDeltas {
     ib_len: usize,
     shift: u32,
+    /// The deltas of the identifications with one bit set, below
+    /// [`UDP_GSO_IDS`].
+    basis: [u32; GSO_ID_BITS],
 }
+
+/// Bits of an identification below [`UDP_GSO_IDS`].
+const GSO_ID_BITS: usize = UDP_GSO_IDS.trailing_zeros() as usize;
 
 impl IdDeltas {
     /// The deltas for IB parts of `ib_len` bytes.
     pub fn new(ib_len: usize) -> IdDeltas {
         // After the identification: IPv4 bytes 6..20, the UDP header, the IB part.
+        let shift = zeros(14 + UDP_LEN + ib_len);
+        let mut basis = [0; GSO_ID_BITS];
+        for (b, d) in basis.iter_mut().enumerate() {
+            *d = gf_mul(raw_id(1 << b), shift);
+        }
         IdDeltas {
             ib_len,
-            shift: zeros(14 + UDP_LEN + ib_len),
+            shift,
+            basis,
         }
     }
 
@@ -312,6 +324,16 @@ impl IdDeltas {
 
     /// The delta for identification `id`.
     pub fn get(&self, id: u16) -> u32 {
+        if id < UDP_GSO_IDS {
+            // The XOR of its bits' deltas: no multiplication.
+            let mut delta = 0;
+            for (b, d) in self.basis.iter().enumerate() {
+                if id & (1 << b) != 0 {
+                    delta ^= d;
+                }
+            }
+            return delta;
+        }
         gf_mul(raw_id(id), self.shift)
     }
 
@@ -320,15 +342,10 @@ impl IdDeltas {
     pub fn find(&self, delta: u32) -> Option<u16> {
         // Linear in the identification: build each delta from the deltas of
         // single bits, in Gray-code order (one XOR per step).
-        const BITS: u32 = UDP_GSO_IDS.trailing_zeros();
-        let mut basis = [0u32; BITS as usize];
-        for (b, d) in basis.iter_mut().enumerate() {
-            *d = self.get(1 << b);
-        }
         let mut acc = 0u32;
         for step in 0..UDP_GSO_IDS {
             if step != 0 {
-                acc ^= basis[step.trailing_zeros() as usize];
+                acc ^= self.basis[step.trailing_zeros() as usize];
             }
             if acc == delta {
                 return Some(step ^ (step >> 1));
