@@ -1537,6 +1537,14 @@ impl Nic {
         }
     }
 
+    /// How many datagrams [`Nic::poll_transmit`] has ready, or `None` while
+    /// READ responses wait to be generated there too: what a transport
+    /// that holds a few datagrams back to send them in one system call
+    /// asks.
+    pub fn queued_datagrams(&self) -> Option<usize> {
+        self.busy.is_empty().then_some(self.tx.len())
+    }
+
     /// The next datagram to send. READ responses are generated here, a
     /// burst per QP in turn, as the caller takes them: a READ of any length
     /// holds no more than a burst of packets in memory.

@@ -106,6 +106,9 @@ pub(crate) struct EngineState {
     groups: Vec<usize>,
     /// The ICRC deltas for the last segment length sent.
     gso_deltas: Option<IdDeltas>,
+    /// Since when datagrams a post produced wait for the next poll (see
+    /// [`Engine::post`]).
+    held_since: Option<Time>,
 }
 
 impl EngineState {
@@ -179,6 +182,7 @@ impl EngineState {
     /// send the packets, deliver the rest.
     fn pump(&mut self, socket: &UdpSocket) {
         let now = self.now();
+        self.held_since = None;
         loop {
             let mut tx = std::mem::take(&mut self.tx);
             tx.clear();
@@ -259,6 +263,11 @@ impl EngineState {
             }
             self.tx = tx;
         }
+        self.deliver();
+    }
+
+    /// Hand completions to their queues and events to their channel.
+    fn deliver(&mut self) {
         for (h, sink) in &self.cqs {
             // The program's unpolled completions count against the depth.
             let delivered = sink
@@ -390,6 +399,17 @@ impl EngineState {
     /// When the engine must next run: a NIC timer, or a held datagram's
     /// release.
     pub fn next_deadline(&self) -> Option<Time> {
+        // Datagrams posts held back are due at once, whenever the engine
+        // thread looks.
+        [self.timer_deadline(), self.held_since]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// [`EngineState::next_deadline`] but for what posts held back: the
+    /// deadlines worth waking the engine thread for.
+    fn timer_deadline(&self) -> Option<Time> {
         let held = self.impair.as_ref().and_then(|i| i.next_release());
         match (self.nic.next_deadline(), held) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -809,6 +829,7 @@ impl Engine {
             gso: gso_default(addr, iface.is_some())?,
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
+            held_since: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -882,9 +903,47 @@ impl Engine {
     /// client posts for a millisecond at a time between polls; counted as
     /// idle, it brought the engine thread back to the socket each time, and
     /// back to a wake-up per packet batch.
+    ///
+    /// While the engine thread has left the socket to pollers (threads
+    /// poll without pause), the datagrams a post produces wait for the next
+    /// poll that finds its queue empty, up to [`crate::udp::BATCH`] of
+    /// them: a program that posts a burst and then polls, as bandwidth
+    /// programs do, sends the burst in one system call (one GSO send on
+    /// loopback) instead of one per post, and one that posts a request and
+    /// polls for its answer sends it at its first poll. Any other verb
+    /// sends them at once; if the program stops polling, the engine thread
+    /// sends them when it next looks, at most `watch::AWAY_MAX` after the
+    /// last poll or post, as it takes in what arrived meanwhile. The
+    /// posting thread never wakes it for them.
     pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
-        self.shared.active();
-        self.call(f)
+        let sh = &*self.shared;
+        sh.active();
+        let mut st = sh.state.lock();
+        let span = st.span.clone();
+        let _entered = span.enter();
+        let r = f(&mut st);
+        let pollers = sh.away.load(Ordering::SeqCst);
+        let few = st
+            .nic
+            .queued_datagrams()
+            .is_some_and(|n| n < crate::udp::BATCH);
+        if pollers && few && st.impair.is_none() {
+            // A timer the post set still wakes the engine thread; the held
+            // datagrams do not.
+            let next = st.timer_deadline();
+            if st.held_since.is_none() && st.nic.queued_datagrams() != Some(0) {
+                st.held_since = Some(st.now());
+            }
+            st.deliver();
+            drop(st);
+            sh.wake_for(next);
+            return Ok(r);
+        }
+        st.pump(&sh.socket);
+        let next = st.next_deadline();
+        drop(st);
+        sh.wake_for(next);
+        Ok(r)
     }
 
     /// Run-to-completion: on the calling thread (one that found its queue
@@ -903,12 +962,17 @@ impl Engine {
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
+        // What posts held back goes first: it is what the poller waits for.
+        let held = st.held_since.is_some();
+        if held {
+            st.pump(&sh.socket);
+        }
         let received = st.receive(sh.rx(), &sh.socket).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
         }
-        let mut worked = received > 0;
+        let mut worked = held || received > 0;
         if st.now().0 >= sh.sleeping_until.load(Ordering::Acquire) {
             worked |= st.run_due_timers(&sh.socket);
         }
@@ -937,6 +1001,10 @@ impl Engine {
     /// Whether the engine thread is asleep away from the socket.
     pub fn is_away(&self) -> bool {
         self.shared.away.load(Ordering::SeqCst)
+    }
+    /// Whether datagrams posts produced wait for a poll.
+    pub fn holding(&self) -> bool {
+        self.shared.state.lock().held_since.is_some()
     }
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {

@@ -1737,6 +1737,62 @@ mod tests {
         p
     }
 
+    /// While a's engine thread leaves the socket to a poller, a's posts
+    /// wait for a's next poll, which sends them; if no poll comes, the
+    /// engine thread sends them when it looks again.
+    #[test]
+    fn posts_wait_for_the_next_poll_while_a_thread_polls() {
+        fn send(p: &Pair, wr_id: u64) {
+            p.b_qp
+                .post_recv(RecvWr {
+                    wr_id,
+                    sg_list: sg_list![p.b_mr.sge(0, 64)],
+                })
+                .unwrap();
+            p._a_qp
+                .post_send(SendWr {
+                    wr_id,
+                    op: SendOp::Send { imm: None },
+                    sg_list: sg_list![p.a_mr.sge(0, 8)],
+                    signaled: false,
+                    solicited: false,
+                    fence: false,
+                    inline: None,
+                })
+                .unwrap();
+        }
+        fn received(p: &Pair, wr_id: u64) {
+            let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!(
+                (c.wr_id, c.status, c.opcode),
+                (wr_id, WcStatus::Success, WcOpcode::Recv)
+            );
+        }
+        let p = pair_away();
+        send(&p, 10);
+        assert!(
+            p.a.engine.holding(),
+            "a post while a thread polls waits for the poll"
+        );
+        assert!(p.a_rcq.try_next().is_none());
+        assert!(
+            !p.a.engine.holding(),
+            "a poll that found nothing sends what waited"
+        );
+        received(&p, 10);
+        // Posted, and nobody on a polls again: the engine thread sends it.
+        let p = pair_away();
+        send(&p, 11);
+        assert!(p.a.engine.holding());
+        received(&p, 11);
+        assert!(!p.a.engine.holding());
+        assert_eq!(
+            p.a.counters().unwrap().completer_retry_err,
+            0,
+            "sent, not left to the retransmission timer"
+        );
+    }
+
     #[test]
     fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
         let p = pair_away();
