@@ -308,9 +308,9 @@ pub struct Sent {
     /// Datagrams handed to the kernel.
     pub datagrams: usize,
     /// The kernel refused a GSO send for a reason that will not pass (no
-    /// `UDP_SEGMENT`, a path it cannot segment on): its datagrams were
-    /// dropped, and the caller should send one datagram per message from
-    /// now on.
+    /// `UDP_SEGMENT`, a path it cannot segment on): its datagrams and the
+    /// rest were dropped, and the caller should send one datagram per
+    /// message from now on.
     pub gso_refused: bool,
 }
 
@@ -389,7 +389,10 @@ pub fn send_groups<'a>(
                 Some(libc::EAGAIN) => return Ok(out),
                 Some(libc::EINTR) => continue,
                 Some(libc::EIO | libc::EINVAL | libc::EMSGSIZE | libc::ENOPROTOOPT) if head > 1 => {
+                    // The rest would be refused alike: dropped, as on a
+                    // full link, once.
                     out.gso_refused = true;
+                    return Ok(out);
                 }
                 // An ICMP error from an earlier datagram (a peer gone) is
                 // reported here once; the message at the head was not sent.
@@ -658,5 +661,46 @@ mod tests {
             let want = if gro { groups.len() } else { lens.len() };
             assert_eq!(messages, want, "{local} GRO {gro}: messages received");
         }
+    }
+
+    /// A socket that sends without UDP checksums cannot send GSO (the
+    /// kernel says EINVAL): the refusal is reported, the send dropped, and
+    /// single datagrams still go.
+    #[test]
+    fn a_refused_gso_send_is_reported() {
+        let (a, b) = (
+            UdpSocket::bind("127.0.0.1:0").unwrap(),
+            UdpSocket::bind("127.0.0.1:0").unwrap(),
+        );
+        let on: libc::c_int = 1;
+        // SAFETY: a valid descriptor and an int with its size.
+        let r = unsafe {
+            libc::setsockopt(
+                a.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NO_CHECK,
+                (&on as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        let to = b.local_addr().unwrap();
+        let p = [7u8; 100];
+        let refused = send_groups(a.as_fd(), &[3, 1], |_| (to, &p[..])).unwrap();
+        assert_eq!(
+            refused,
+            Sent {
+                datagrams: 0,
+                gso_refused: true
+            }
+        );
+        let single = send_groups(a.as_fd(), &[1, 1], |_| (to, &p[..])).unwrap();
+        assert_eq!(
+            single,
+            Sent {
+                datagrams: 2,
+                gso_refused: false
+            }
+        );
     }
 }
