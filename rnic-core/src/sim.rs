@@ -211,6 +211,12 @@ struct Bottleneck {
 /// unconnected `IP_PMTUDISC_DO` UDP socket sends it (IPv4 ID 0, DF, TTL 64),
 /// UDP to 4791 with checksum 0. Under that convention its ICRC verifies.
 pub fn frame_of(d: &Datagram) -> Vec<u8> {
+    frame_of_ident(d, 0)
+}
+
+/// [`frame_of`], with IPv4 identification `ident` (the segments of a UDP
+/// GSO send carry 0, 1, 2, ...; see `rnic_wire::icrc::ipv4_id_delta`).
+pub fn frame_of_ident(d: &Datagram, ident: u16) -> Vec<u8> {
     let ip_len = if d.src.is_ipv4() { 20 } else { 40 };
     let mut f = vec![0u8; 14 + ip_len + 8 + d.payload.len()];
     let eth = rnic_wire::encap::ethernet::Repr {
@@ -222,9 +228,9 @@ pub fn frame_of(d: &Datagram) -> Vec<u8> {
     let ip_ok = match (d.src, d.dst) {
         (IpAddr::V4(s), IpAddr::V4(t)) => {
             let _ = eth.emit(&mut f, rnic_wire::encap::ethernet::ETHERTYPE_IPV4);
-            rnic_wire::encap::ipv4::Repr::new(s, t)
-                .emit(&mut f[14..], udp_len)
-                .is_ok()
+            let mut ip = rnic_wire::encap::ipv4::Repr::new(s, t);
+            ip.ident = ident;
+            ip.emit(&mut f[14..], udp_len).is_ok()
         }
         (IpAddr::V6(s), IpAddr::V6(t)) => {
             let _ = eth.emit(&mut f, rnic_wire::encap::ethernet::ETHERTYPE_IPV6);

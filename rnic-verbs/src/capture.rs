@@ -1,6 +1,8 @@
 //! Packet capture: every packet the devices of this process send, and every
 //! one they receive from elsewhere, as whole frames (Ethernet, IP as the
 //! socket sends it, UDP) in a pcap file that Wireshark and `rnic dump` read.
+//! A segment of a UDP GSO send shows with the IPv4 identification the
+//! kernel gave it, which its ICRC covers.
 //!
 //! Devices share one writer per file; a packet between two devices of this
 //! process is recorded once, when it is sent.
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rnic_core::sim::{frame_of, Datagram};
+use rnic_core::sim::{frame_of_ident, Datagram};
 use rnic_wire::pcap::PcapWriter;
 
 type Writer = Arc<Mutex<PcapWriter<BufWriter<std::fs::File>>>>;
@@ -80,8 +82,26 @@ impl Capture {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_nanos() as u64)
             .unwrap_or(0);
+        // The IPv4 identification the packet carries: 0, or its index in
+        // a GSO send, which its ICRC was made for (a packet whose ICRC
+        // fits none is recorded with 0, and shows as the error it is).
+        let ident = rnic_wire::IbPacket::new_checked(&d.payload[..])
+            .ok()
+            .and_then(|p| {
+                rnic_wire::icrc::udp_ident(
+                    d.src,
+                    d.dst,
+                    d.src_port,
+                    p.covered(),
+                    p.icrc(),
+                    &mut None,
+                )
+                .ok()
+                .flatten()
+            })
+            .unwrap_or(0);
         if let Ok(mut w) = self.writer.lock() {
-            let _ = w.write_packet(ts, &frame_of(d));
+            let _ = w.write_packet(ts, &frame_of_ident(d, ident));
             // Keep the file readable while the process runs.
             let _ = w.flush();
         }

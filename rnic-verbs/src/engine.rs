@@ -210,9 +210,6 @@ impl EngineState {
                 self.tx = tx;
                 break;
             }
-            for d in &tx {
-                self.observe(true, now, d);
-            }
             // Each run of datagrams from one address and source port goes
             // out of the socket bound to them (the ICRC covers both).
             let own = self.nic.addr();
@@ -229,6 +226,10 @@ impl EngineState {
                         &mut self.groups,
                         &mut self.gso_deltas,
                     );
+                }
+                // As they leave: with the ICRC each segment carries.
+                for d in &tx[at..at + run] {
+                    self.observe(true, now, d);
                 }
                 let rest = &tx[at..];
                 at += run;

@@ -368,18 +368,32 @@ pub fn verify_udp(
     icrc: u32,
     deltas: &mut Option<IdDeltas>,
 ) -> Result<bool> {
+    Ok(udp_ident(src, dst, src_port, ib, icrc, deltas)?.is_some())
+}
+
+/// The IPv4 identification under which [`verify_udp`] accepts `icrc` (0
+/// for IPv6, whose ICRC has none): what the packet carried on the wire, for
+/// a capture to show; `None` if it does not verify.
+pub fn udp_ident(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    ib: &[u8],
+    icrc: u32,
+    deltas: &mut Option<IdDeltas>,
+) -> Result<Option<u16>> {
     let expected = for_udp(src, dst, src_port, ib)?;
     if expected == icrc {
-        return Ok(true);
+        return Ok(Some(0));
     }
     if !src.is_ipv4() {
-        return Ok(false);
+        return Ok(None);
     }
     let d = match deltas {
         Some(d) if d.ib_len == ib.len() => *d,
         _ => *deltas.insert(IdDeltas::new(ib.len())),
     };
-    Ok(d.find(expected ^ icrc).is_some())
+    Ok(d.find(expected ^ icrc))
 }
 
 /// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
@@ -581,6 +595,10 @@ mod tests {
                 proptest::prop_assert_eq!(
                     verify_udp(src, dst, 0xc000, &ib, real, &mut cache).unwrap(),
                     id < UDP_GSO_IDS
+                );
+                proptest::prop_assert_eq!(
+                    udp_ident(src, dst, 0xc000, &ib, real, &mut cache).unwrap(),
+                    (id < UDP_GSO_IDS).then_some(id)
                 );
             }
         }
