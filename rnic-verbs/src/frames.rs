@@ -205,22 +205,9 @@ fn attach(fd: BorrowedFd<'_>, filter: &[libc::sock_filter]) -> io::Result<()> {
         len: filter.len() as u16,
         filter: filter.as_ptr().cast_mut(),
     };
-    // SAFETY: `prog` points at `filter`, live for the call; the kernel
-    // copies and checks the program.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&prog as *const libc::sock_fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // `prog` points at `filter`, live for the call; the kernel copies and
+    // checks the program.
+    crate::udp::set_option(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)
 }
 
 /// Keep `socket` bound but receiving nothing (its packets come in through

@@ -188,15 +188,25 @@ impl RecvBatch {
 /// one sender joined into one message (a UDP GSO send arrives whole), to
 /// be received with [`RecvBatch::with_gro`]. Fails on kernels without it.
 pub fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: a valid descriptor, and a pointer to an int with its size.
+    set_option(fd, libc::SOL_UDP, libc::UDP_GRO, &(1 as libc::c_int))
+}
+
+/// `setsockopt(fd, level, name, value)`, for an option whose value is a
+/// plain `T` the kernel copies.
+pub(crate) fn set_option<T>(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: a valid descriptor, and a pointer to a live `T` with its size.
     let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_GRO,
-            (&on as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if r < 0 {
@@ -672,18 +682,13 @@ mod tests {
             UdpSocket::bind("127.0.0.1:0").unwrap(),
             UdpSocket::bind("127.0.0.1:0").unwrap(),
         );
-        let on: libc::c_int = 1;
-        // SAFETY: a valid descriptor and an int with its size.
-        let r = unsafe {
-            libc::setsockopt(
-                a.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_NO_CHECK,
-                (&on as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
+        set_option(
+            a.as_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NO_CHECK,
+            &(1 as libc::c_int),
+        )
+        .unwrap();
         let to = b.local_addr().unwrap();
         let p = [7u8; 100];
         let refused = send_groups(a.as_fd(), &[3, 1], |_| (to, &p[..])).unwrap();
