@@ -430,7 +430,7 @@ pub struct Nic {
     /// QPs waiting for room in the NIC's budget ([`Ctx::starved`]).
     starved: VecDeque<u32>,
     /// The ICRC deltas of GSO segments for the last IB length that needed
-    /// them ([`icrc::verify_udp`]).
+    /// them ([`icrc::udp_ident`]).
     gso_deltas: Option<icrc::IdDeltas>,
 }
 
@@ -1354,7 +1354,7 @@ impl Nic {
     /// A UDP datagram to port 4791 arrived. Its ICRC is checked under the UDP
     /// convention (see [`rnic_wire::icrc::for_udp`]), in IPv4 for the
     /// identifications a GSO send's segments carry too
-    /// ([`rnic_wire::icrc::verify_udp`]); a packet that fails it, or does not
+    /// ([`rnic_wire::icrc::udp_ident`]); a packet that fails it, or does not
     /// parse, is dropped and counted.
     pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
         self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload);
@@ -1387,7 +1387,7 @@ impl Nic {
             return;
         };
         let covered = pkt.covered();
-        match icrc::verify_udp(
+        match icrc::udp_ident(
             src,
             dst,
             src_port,
@@ -1395,7 +1395,7 @@ impl Nic {
             pkt.icrc(),
             &mut self.gso_deltas,
         ) {
-            Ok(true) => {}
+            Ok(Some(_)) => {}
             _ => {
                 self.counters.icrc_errors += 1;
                 return;

@@ -358,22 +358,10 @@ impl IdDeltas {
 /// Whether `icrc` is the ICRC of `ib` sent from `src`:`src_port` to
 /// `dst`:4791 on a UDP socket, under [`for_udp`]'s convention or, in IPv4,
 /// as one of the first [`UDP_GSO_IDS`] segments of a GSO send (whose
-/// identification is its index). `deltas` caches the deltas for one length
+/// identification is its index), and if so under which identification (0
+/// for IPv6, whose ICRC has none): what the packet carried on the wire.
+/// `None` if it does not verify. `deltas` caches the deltas for one length
 /// between calls.
-pub fn verify_udp(
-    src: IpAddr,
-    dst: IpAddr,
-    src_port: u16,
-    ib: &[u8],
-    icrc: u32,
-    deltas: &mut Option<IdDeltas>,
-) -> Result<bool> {
-    Ok(udp_ident(src, dst, src_port, ib, icrc, deltas)?.is_some())
-}
-
-/// The IPv4 identification under which [`verify_udp`] accepts `icrc` (0
-/// for IPv6, whose ICRC has none): what the packet carried on the wire, for
-/// a capture to show; `None` if it does not verify.
 pub fn udp_ident(
     src: IpAddr,
     dst: IpAddr,
@@ -550,7 +538,10 @@ mod tests {
         assert_eq!(ipv4_id_delta(0, ib.len()), 0);
         // Outside the GSO window: a UDP receiver still refuses it.
         let mut cache = None;
-        assert!(!verify_udp(src, dst, 0xc121, ib, 0x81d5_f152, &mut cache).unwrap());
+        assert_eq!(
+            udp_ident(src, dst, 0xc121, ib, 0x81d5_f152, &mut cache).unwrap(),
+            None
+        );
     }
 
     proptest::proptest! {
@@ -592,10 +583,6 @@ mod tests {
                 let found = deltas.find(at_0 ^ real);
                 proptest::prop_assert_eq!(found, (id < UDP_GSO_IDS).then_some(id));
                 let mut cache = None;
-                proptest::prop_assert_eq!(
-                    verify_udp(src, dst, 0xc000, &ib, real, &mut cache).unwrap(),
-                    id < UDP_GSO_IDS
-                );
                 proptest::prop_assert_eq!(
                     udp_ident(src, dst, 0xc000, &ib, real, &mut cache).unwrap(),
                     (id < UDP_GSO_IDS).then_some(id)
