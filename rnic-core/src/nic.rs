@@ -300,7 +300,7 @@ fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
 }
 
 /// READ response packets one QP generates before the next busy QP's turn.
-const RESPONSE_BURST: usize = 16;
+pub const RESPONSE_BURST: usize = 16;
 
 /// Whether a packet's P_Key matches the QP's (IBTA 10.9.3): the same
 /// partition (low 15 bits, not 0) and at least one of them a full member.
@@ -1550,18 +1550,43 @@ impl Nic {
     /// holds no more than a burst of packets in memory.
     pub fn poll_transmit(&mut self) -> Option<Datagram> {
         loop {
-            if let Some(d) = self.tx.pop_front() {
+            if let Some(d) = self.poll_built() {
                 return Some(d);
             }
-            let qpn = self.busy.pop_front()?;
-            let now = self.now;
-            let (qps, mut ctx) = self.parts(now);
-            if let Some(qp) = qps.get_mut(qpn) {
-                qp.busy = false;
-                qp.generate_responses(&mut ctx, RESPONSE_BURST);
+            if !self.generate_burst() {
+                return None;
             }
-            self.drop_stale_timers();
         }
+    }
+
+    /// The next datagram already built (requests, ACKs, responses
+    /// generated so far), generating nothing: with
+    /// [`Nic::generate_burst`], what a transport that paces READ responses
+    /// calls instead of [`Nic::poll_transmit`].
+    pub fn poll_built(&mut self) -> Option<Datagram> {
+        self.tx.pop_front()
+    }
+
+    /// Whether READ responses wait to be generated.
+    pub fn responses_waiting(&self) -> bool {
+        !self.busy.is_empty()
+    }
+
+    /// Generate the next burst of READ responses (at most
+    /// [`RESPONSE_BURST`] packets of the next QP in turn) for
+    /// [`Nic::poll_built`] to hand out. False if none wait.
+    pub fn generate_burst(&mut self) -> bool {
+        let Some(qpn) = self.busy.pop_front() else {
+            return false;
+        };
+        let now = self.now;
+        let (qps, mut ctx) = self.parts(now);
+        if let Some(qp) = qps.get_mut(qpn) {
+            qp.busy = false;
+            qp.generate_responses(&mut ctx, RESPONSE_BURST);
+        }
+        self.drop_stale_timers();
+        true
     }
 
     /// QP `qpn`'s oldest unacknowledged PSN and how many PSNs are

@@ -46,6 +46,12 @@ use crate::watch::Watch;
 /// Socket buffer size asked for, each way.
 const SOCKET_BUFFER: usize = 4 << 20;
 
+/// READ response packets one pump generates at most: one burst of one
+/// QP's. A READ of 1 MiB is as fast with it as without (`rnic perf read`);
+/// beside a 64 MiB READ, a 4 KiB WRITE loop on another connection keeps
+/// more than half its rate (`hostile_wire`), against 1% without.
+const PUMP_RESPONSES: usize = rnic_core::nic::RESPONSE_BURST;
+
 /// A packet seen by the engine, for taps (the demo, captures).
 #[derive(Debug, Clone)]
 pub struct TapEvent {
@@ -109,6 +115,9 @@ pub(crate) struct EngineState {
     /// Since when datagrams a post produced wait for the next poll (see
     /// [`Engine::post`]).
     held_since: Option<Time>,
+    /// Since when READ responses wait for the next pump (see
+    /// [`EngineState::pump`]): a deadline already due.
+    paced: Option<Time>,
 }
 
 impl EngineState {
@@ -180,15 +189,25 @@ impl EngineState {
 
     /// After anything that may have produced packets, completions or events:
     /// send the packets, deliver the rest.
+    ///
+    /// READ responses are paced: a pump generates at most
+    /// [`PUMP_RESPONSES`] of them, and the engine comes back for the rest
+    /// after taking in what arrived, so a READ of 64 MiB does not hold up
+    /// the ACKs and requests of every other connection while it is
+    /// answered.
     fn pump(&mut self, socket: &UdpSocket) {
         let now = self.now();
         self.held_since = None;
+        let mut generated = 0;
         loop {
             let mut tx = std::mem::take(&mut self.tx);
             tx.clear();
             while tx.len() < crate::udp::BATCH {
-                match self.nic.poll_transmit() {
+                match self.nic.poll_built() {
                     Some(d) => tx.push(d),
+                    None if generated < PUMP_RESPONSES && self.nic.generate_burst() => {
+                        generated += rnic_core::nic::RESPONSE_BURST;
+                    }
                     None => break,
                 }
             }
@@ -264,6 +283,7 @@ impl EngineState {
             }
             self.tx = tx;
         }
+        self.paced = self.nic.responses_waiting().then_some(now);
         self.deliver();
     }
 
@@ -412,10 +432,10 @@ impl EngineState {
     /// deadlines worth waking the engine thread for.
     fn timer_deadline(&self) -> Option<Time> {
         let held = self.impair.as_ref().and_then(|i| i.next_release());
-        match (self.nic.next_deadline(), held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.nic.next_deadline(), held, self.paced]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Take QP `qpn`'s completions handed to the program and not yet polled
@@ -831,6 +851,7 @@ impl Engine {
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
             held_since: None,
+            paced: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

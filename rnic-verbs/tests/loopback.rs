@@ -806,3 +806,116 @@ fn a_malformed_rnic_impair_is_an_error_naming_it() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A UDP socket on a free loopback address's port 4791: a peer whose
+/// packets the test writes and reads itself.
+fn raw_peer() -> std::net::UdpSocket {
+    for last in 2..=254u8 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, last], 4791));
+        if let Ok(s) = std::net::UdpSocket::bind(addr) {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            return s;
+        }
+    }
+    panic!("no free loopback address for the peer");
+}
+
+/// A request from `peer` to a queue pair of `to`, its ICRC right.
+fn request(peer: &std::net::UdpSocket, to: &Device, ib: &rnic_wire::IbRepr, data: &[u8]) {
+    let from = peer.local_addr().unwrap();
+    let mut buf = vec![0u8; ib.buffer_len()];
+    ib.emit(&mut buf, data).unwrap();
+    let n = buf.len();
+    let crc = rnic_wire::icrc::for_udp(from.ip(), to.addr(), from.port(), &buf[..n - 4]).unwrap();
+    buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
+    peer.send_to(&buf, (to.addr(), 4791)).unwrap();
+}
+
+/// A READ of 256 MiB is answered a burst at a time, between the packets
+/// other connections wait for: a WRITE on another QP, sent after the first
+/// response arrived, is acknowledged before the READ's last response
+/// leaves. (Generating every response in one go, the NIC would take the
+/// WRITE in only after all 262,144 of them.)
+#[test]
+fn a_huge_read_does_not_hold_up_other_connections() {
+    use rnic_wire::{bth, reth, IbPacket, IbRepr, Opcode, Psn};
+    const LEN: u32 = 256 << 20;
+    let peer = raw_peer();
+    let dev = Device::open_loopback().unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let big = pd
+        .register_with(LEN as usize, Access::REMOTE_READ, Backing::Pages)
+        .unwrap();
+    let target = pd
+        .register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let (reader, writer) = (
+        pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap(),
+        pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap(),
+    );
+    let o = ConnectOptions {
+        mtu: Mtu::Mtu1024,
+        ..ConnectOptions::default()
+    };
+    let them = peer.local_addr().unwrap().ip();
+    for (qp, qpn) in [(&reader, 0x100), (&writer, 0x101)] {
+        let remote = Endpoint {
+            addr: them,
+            qpn,
+            psn: 0,
+        };
+        qp.connect(&remote, &o).unwrap();
+    }
+    let mut read = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_READ_REQUEST,
+        reader.qpn(),
+        Psn::new(0),
+    ));
+    read.reth = Some(reth::Repr {
+        va: big.addr(),
+        r_key: big.rkey(),
+        dma_length: LEN,
+    });
+    request(&peer, &dev, &read, &[]);
+    let mut buf = vec![0u8; 65536];
+    let next = |buf: &mut Vec<u8>| -> IbRepr {
+        let n = peer.recv(buf).unwrap();
+        IbRepr::parse(&IbPacket::new_checked(&buf[..n]).unwrap()).unwrap()
+    };
+    let first = next(&mut buf);
+    assert_eq!(first.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    let mut write = IbRepr::new(bth::Repr::new(
+        Opcode::RC_RDMA_WRITE_ONLY,
+        writer.qpn(),
+        Psn::new(0),
+    ));
+    write.reth = Some(reth::Repr {
+        va: target.addr(),
+        r_key: target.rkey(),
+        dma_length: 8,
+    });
+    write.bth.ack_req = true;
+    write.payload_len = 8;
+    request(&peer, &dev, &write, &[7; 8]);
+    // The peer's socket drops what it has no room for; the PSNs say how far
+    // the READ had gone.
+    let last = LEN / 1024 - 1;
+    let mut furthest = 0;
+    loop {
+        let p = next(&mut buf);
+        if p.bth.dest_qp == 0x101 {
+            assert_eq!(p.bth.opcode, Opcode::RC_ACKNOWLEDGE);
+            break;
+        }
+        furthest = furthest.max(p.bth.psn.value());
+        assert!(
+            furthest < last,
+            "the WRITE was acknowledged only after the READ's last response"
+        );
+    }
+    println!("the WRITE's ACK came after READ response {furthest} of {last}");
+    let mut got = [0u8; 8];
+    assert!(target.read(0, &mut got));
+    assert_eq!(got, [7; 8]);
+}
