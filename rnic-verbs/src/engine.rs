@@ -1118,7 +1118,11 @@ fn run(sh: &Shared, realtime: bool) {
         // handled under the lock.
         let (mut received, mut unpolled) = (0, 0);
         loop {
-            let got = sh.state.lock().receive(sh.rx(), &sh.socket);
+            // Handed on fairly: a thread waiting to post or poll gets the
+            // lock before the next batch of a flood.
+            let mut st = sh.state.lock();
+            let got = st.receive(sh.rx(), &sh.socket);
+            parking_lot::MutexGuard::unlock_fair(st);
             received += got.packets;
             unpolled += got.unpolled;
             if got.packets < crate::udp::BATCH {
@@ -1139,6 +1143,7 @@ fn run(sh: &Shared, realtime: bool) {
             let mut st = sh.state.lock();
             busy |= st.run_due_timers(&sh.socket);
             if busy {
+                parking_lot::MutexGuard::unlock_fair(st);
                 idle_since = None;
                 continue;
             }
