@@ -1567,14 +1567,15 @@ impl Nic {
         self.tx.pop_front()
     }
 
-    /// Whether READ responses wait to be generated.
+    /// Whether READ responses or requests wait to be generated.
     pub fn responses_waiting(&self) -> bool {
         !self.busy.is_empty()
     }
 
-    /// Generate the next burst of READ responses (at most
-    /// [`RESPONSE_BURST`] packets of the next QP in turn) for
-    /// [`Nic::poll_built`] to hand out. False if none wait.
+    /// Generate the next QP's burst (in turn): at most [`RESPONSE_BURST`]
+    /// READ response packets, then the requests it has room for (up to
+    /// `REQUEST_BURST` queued), for [`Nic::poll_built`] to hand out. False
+    /// if no QP waits.
     pub fn generate_burst(&mut self) -> bool {
         let Some(qpn) = self.busy.pop_front() else {
             return false;
@@ -1584,6 +1585,7 @@ impl Nic {
         if let Some(qp) = qps.get_mut(qpn) {
             qp.busy = false;
             qp.generate_responses(&mut ctx, RESPONSE_BURST);
+            qp.req_poll(&mut ctx);
         }
         self.drop_stale_timers();
         true

@@ -254,6 +254,13 @@ impl Default for QpCaps {
 /// The largest number of packets a requester has unacknowledged at once.
 pub(crate) const MAX_INFLIGHT_PKTS: u32 = 1024;
 
+/// Datagrams the NIC's transmit queue holds at most before a requester
+/// stops building more and waits in the busy list ([`Qp::mark_busy`]) for
+/// the transport to take them: a window of 1,024 packets is not built (and
+/// its buffers allocated) ahead of the socket, and what other QPs send
+/// waits behind at most this many.
+pub(crate) const REQUEST_BURST: usize = 32;
+
 /// Packets a requester may have unacknowledged after a local ACK timeout,
 /// until the responder is heard from again. A timeout says the path or the
 /// responder could not take the last window; resending all of it at once
@@ -615,6 +622,16 @@ impl Qp {
             src_port,
             payload: buf,
         })
+    }
+
+    /// Put the QP in the NIC's busy list (once): it has READ responses or
+    /// requests to build when the transport takes what is queued
+    /// ([`crate::Nic::generate_burst`]).
+    pub(crate) fn mark_busy(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.busy {
+            self.busy = true;
+            ctx.busy.push_back(self.qpn);
+        }
     }
 
     /// A BTH to the peer QP.

@@ -4,7 +4,7 @@
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::{QpState, QpType};
-use crate::rc::{gather, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS};
+use crate::rc::{gather, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS, REQUEST_BURST};
 use crate::srq::AsyncEvent;
 use crate::time::{local_ack_timeout, Time};
 use crate::wr::{SendOp, WcStatus};
@@ -54,6 +54,12 @@ impl Qp {
         let others = ctx.inflight.saturating_sub(self.counted);
         let budget = NIC_INFLIGHT_PKTS.saturating_sub(others);
         while self.next_wqe < self.sq.len() {
+            if ctx.tx.len() >= REQUEST_BURST {
+                // The rest as the transport takes these: packets are built
+                // as they leave, not a whole window ahead of them.
+                self.mark_busy(ctx);
+                break;
+            }
             let outstanding = self.first_psn_of_next().forward_from(self.una);
             if outstanding >= self.window {
                 break;

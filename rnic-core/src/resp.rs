@@ -661,10 +661,7 @@ impl Qp {
         }
         self.log(ctx, psn, ExecKind::Read { va, len, duplicate });
         self.responses.push_back(Response::Read(stream));
-        if !self.busy {
-            self.busy = true;
-            ctx.busy.push_back(self.qpn);
-        }
+        self.mark_busy(ctx);
         Ok(npkts)
     }
 
@@ -744,9 +741,8 @@ impl Qp {
                 s.first = false;
             }
         }
-        if !self.responses.is_empty() && !self.busy {
-            self.busy = true;
-            ctx.busy.push_back(self.qpn);
+        if !self.responses.is_empty() {
+            self.mark_busy(ctx);
         }
     }
 

@@ -46,11 +46,9 @@ use crate::watch::Watch;
 /// Socket buffer size asked for, each way.
 const SOCKET_BUFFER: usize = 4 << 20;
 
-/// READ response packets one pump generates at most: one burst of one
-/// QP's. A READ of 1 MiB is as fast with it as without (`rnic perf read`);
-/// beside a 64 MiB READ, a 4 KiB WRITE loop on another connection keeps
-/// more than half its rate (`hostile_wire`), against 1% without.
-const PUMP_RESPONSES: usize = rnic_core::nic::RESPONSE_BURST;
+/// Bursts of packets one pump has the NIC build at most
+/// ([`Nic::generate_burst`]: a QP's READ responses and requests).
+const PUMP_BURSTS: usize = 4;
 
 /// A packet seen by the engine, for taps (the demo, captures).
 #[derive(Debug, Clone)]
@@ -190,24 +188,22 @@ impl EngineState {
     /// After anything that may have produced packets, completions or events:
     /// send the packets, deliver the rest.
     ///
-    /// READ responses are paced: a pump generates at most
-    /// [`PUMP_RESPONSES`] of them, and the engine comes back for the rest
-    /// after taking in what arrived, so a READ of 64 MiB does not hold up
-    /// the ACKs and requests of every other connection while it is
-    /// answered.
+    /// What the NIC builds is paced: a pump has it build at most
+    /// [`PUMP_BURSTS`] bursts of READ responses and requests, and the
+    /// engine comes back for the rest after taking in what arrived, so a
+    /// READ of 64 MiB does not hold up the ACKs and requests of every other
+    /// connection while it is answered.
     fn pump(&mut self, socket: &UdpSocket) {
         let now = self.now();
         self.held_since = None;
-        let mut generated = 0;
+        let mut bursts = 0;
         loop {
             let mut tx = std::mem::take(&mut self.tx);
             tx.clear();
             while tx.len() < crate::udp::BATCH {
                 match self.nic.poll_built() {
                     Some(d) => tx.push(d),
-                    None if generated < PUMP_RESPONSES && self.nic.generate_burst() => {
-                        generated += rnic_core::nic::RESPONSE_BURST;
-                    }
+                    None if bursts < PUMP_BURSTS && self.nic.generate_burst() => bursts += 1,
                     None => break,
                 }
             }
