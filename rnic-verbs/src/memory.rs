@@ -115,11 +115,6 @@ impl Drop for DmaBuf {
     }
 }
 
-/// Byte `i` of a word, in memory order.
-fn byte_of(word: u64, i: usize) -> u8 {
-    word.to_ne_bytes()[i]
-}
-
 /// A mask selecting bytes `from..to` of a word, in memory order.
 fn mask(from: usize, to: usize) -> u64 {
     let mut m = [0u8; 8];
@@ -340,23 +335,25 @@ impl DmaBuf {
             unsafe { foreign_read(ptr.as_ptr().add(offset), out) };
             return true;
         }
-        let mut pos = offset;
-        let mut done = 0;
-        while done < out.len() {
-            let (w, b) = (pos / 8, pos % 8);
-            let word = self.words()[w].load(Ordering::Relaxed);
-            if b == 0 && out.len() - done >= 8 {
-                out[done..done + 8].copy_from_slice(&word.to_ne_bytes());
-                done += 8;
-                pos += 8;
-            } else {
-                let take = (8 - b).min(out.len() - done);
-                for i in 0..take {
-                    out[done + i] = byte_of(word, b + i);
-                }
-                done += take;
-                pos += take;
-            }
+        let words = self.words();
+        // A part of the first word, whole words, a part of the last.
+        let b = offset % 8;
+        let take = if b == 0 { 0 } else { (8 - b).min(out.len()) };
+        let (head, rest) = out.split_at_mut(take);
+        if take > 0 {
+            let w = words[offset / 8].load(Ordering::Relaxed).to_ne_bytes();
+            head.copy_from_slice(&w[b..b + take]);
+        }
+        let first = (offset + take) / 8;
+        let last = first + rest.len() / 8;
+        let mut chunks = rest.chunks_exact_mut(8);
+        for (dst, w) in (&mut chunks).zip(&words[first..]) {
+            dst.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        let tail = chunks.into_remainder();
+        if !tail.is_empty() {
+            let w = words[last].load(Ordering::Relaxed).to_ne_bytes();
+            tail.copy_from_slice(&w[..tail.len()]);
         }
         true
     }
@@ -371,27 +368,31 @@ impl DmaBuf {
             unsafe { foreign_write(ptr.as_ptr().add(offset), data) };
             return true;
         }
-        let mut pos = offset;
-        let mut done = 0;
-        while done < data.len() {
-            let (w, b) = (pos / 8, pos % 8);
-            if b == 0 && data.len() - done >= 8 {
-                let mut v = [0u8; 8];
-                v.copy_from_slice(&data[done..done + 8]);
-                self.words()[w].store(u64::from_ne_bytes(v), Ordering::Relaxed);
-                done += 8;
-                pos += 8;
-            } else {
-                // Part of a word: clear those bytes, then set them.
-                let take = (8 - b).min(data.len() - done);
-                let mut v = [0u8; 8];
-                v[b..b + take].copy_from_slice(&data[done..done + take]);
-                let m = mask(b, b + take);
-                self.words()[w].fetch_and(!m, Ordering::Relaxed);
-                self.words()[w].fetch_or(u64::from_ne_bytes(v) & m, Ordering::Relaxed);
-                done += take;
-                pos += take;
-            }
+        let words = self.words();
+        // Part of a word: clear those bytes, then set them.
+        let part = |w: &AtomicU64, at: usize, bytes: &[u8]| {
+            let mut v = [0u8; 8];
+            v[at..at + bytes.len()].copy_from_slice(bytes);
+            let m = mask(at, at + bytes.len());
+            w.fetch_and(!m, Ordering::Relaxed);
+            w.fetch_or(u64::from_ne_bytes(v) & m, Ordering::Relaxed);
+        };
+        let b = offset % 8;
+        let take = if b == 0 { 0 } else { (8 - b).min(data.len()) };
+        let (head, rest) = data.split_at(take);
+        if take > 0 {
+            part(&words[offset / 8], b, head);
+        }
+        let first = (offset + take) / 8;
+        let chunks = rest.chunks_exact(8);
+        let tail = chunks.remainder();
+        for (src, w) in chunks.zip(&words[first..]) {
+            let mut v = [0u8; 8];
+            v.copy_from_slice(src);
+            w.store(u64::from_ne_bytes(v), Ordering::Relaxed);
+        }
+        if !tail.is_empty() {
+            part(&words[first + rest.len() / 8], 0, tail);
         }
         true
     }
@@ -411,11 +412,12 @@ unsafe fn foreign_read(src: *const u8, out: &mut [u8]) {
         out[i] = unsafe { src.add(i).read_volatile() };
         i += 1;
     }
-    while i + 8 <= n {
+    let whole = (n - i) / 8 * 8;
+    for dst in out[i..i + whole].chunks_exact_mut(8) {
         // SAFETY: `src + i` is 8-byte aligned (past the head) and the word is
         // inside the caller's range.
         let w = unsafe { src.add(i).cast::<u64>().read_volatile() };
-        out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+        dst.copy_from_slice(&w.to_ne_bytes());
         i += 8;
     }
     while i < n {
@@ -438,9 +440,10 @@ unsafe fn foreign_write(dst: *mut u8, data: &[u8]) {
         unsafe { dst.add(i).write_volatile(data[i]) };
         i += 1;
     }
-    while i + 8 <= n {
+    let whole = (n - i) / 8 * 8;
+    for src in data[i..i + whole].chunks_exact(8) {
         let mut w = [0u8; 8];
-        w.copy_from_slice(&data[i..i + 8]);
+        w.copy_from_slice(src);
         // SAFETY: aligned (past the head) and inside the caller's range.
         unsafe {
             dst.add(i)
