@@ -530,6 +530,22 @@ impl Qp {
         }
     }
 
+    /// [`Qp::transmit`] with the payload written in place by `fill`; an
+    /// error from `fill` sends nothing and is handed back.
+    pub fn transmit_with<E>(
+        &self,
+        ctx: &mut Ctx<'_>,
+        ib: &IbRepr,
+        fill: impl FnOnce(&Memory, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if let Some(route) = self.route(ctx) {
+            if let Some(d) = self.build_datagram_with(ctx, route, ib, fill)? {
+                ctx.send(d);
+            }
+        }
+        Ok(())
+    }
+
     /// Emit one IB packet from `route.0` to `route.1`.
     pub fn transmit_to(
         &self,
@@ -591,19 +607,54 @@ impl Qp {
     fn build_datagram(
         &self,
         ctx: &mut Ctx<'_>,
-        (src, dest): (IpAddr, IpAddr),
+        route: (IpAddr, IpAddr),
         ib: &IbRepr,
         payload: &[u8],
     ) -> Option<Datagram> {
+        let copy = |_: &Memory, p: &mut [u8]| {
+            p.copy_from_slice(payload);
+            Ok::<(), core::convert::Infallible>(())
+        };
+        match self.build_datagram_with(ctx, route, ib, copy) {
+            Ok(d) => d,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Qp::build_datagram`] with the payload written in place by `fill`
+    /// (from the NIC's memory, say): no copy of it anywhere else first. An
+    /// error from `fill` sends nothing and is handed back.
+    fn build_datagram_with<E>(
+        &self,
+        ctx: &mut Ctx<'_>,
+        (src, dest): (IpAddr, IpAddr),
+        ib: &IbRepr,
+        fill: impl FnOnce(&Memory, &mut [u8]) -> Result<(), E>,
+    ) -> Result<Option<Datagram>, E> {
+        let need = ib.buffer_len();
         let mut buf = ctx
             .pool
             .pop()
             .unwrap_or_else(|| Vec::with_capacity(crate::nic::PACKET_CAPACITY));
-        buf.clear();
-        buf.resize(ib.buffer_len(), 0);
-        if ib.emit(&mut buf, payload).is_err() {
+        // A recycled buffer keeps its length: every byte of the packet is
+        // written below (headers, the payload by `fill`, pad and ICRC), so
+        // only what it grows by needs zeroing first.
+        if buf.len() >= need {
+            buf.truncate(need);
+        } else {
+            buf.resize(need, 0);
+        }
+        let mem = &*ctx.mem;
+        let mut filled = Ok(());
+        if ib.emit_with(&mut buf, |p| filled = fill(mem, p)).is_err() {
             ctx.counters.send_err += 1;
-            return None;
+            return Ok(None);
+        }
+        if let Err(e) = filled {
+            if ctx.pool.len() < crate::nic::POOL {
+                ctx.pool.push(buf);
+            }
+            return Err(e);
         }
         let src_port = self.src_port.or(ctx.src_port).unwrap_or_else(|| {
             rnic_wire::encap::udp::rxe_src_port(self.qpn, self.attr.dest_qp_num)
@@ -613,15 +664,15 @@ impl Qp {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
             Err(_) => {
                 ctx.counters.send_err += 1;
-                return None;
+                return Ok(None);
             }
         }
-        Some(Datagram {
+        Ok(Some(Datagram {
             src,
             dst: dest,
             src_port,
             payload: buf,
-        })
+        }))
     }
 
     /// Put the QP in the NIC's busy list (once): it has READ responses or
@@ -797,6 +848,9 @@ pub(crate) fn gather(
             break;
         }
     }
+    // (A list shorter than the request cannot be posted; were it, what it
+    // leaves is zero, not what a reused buffer held.)
+    out[done..].fill(0);
     Ok(())
 }
 

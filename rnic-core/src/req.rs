@@ -250,8 +250,9 @@ impl Qp {
         let offset = u64::from(k) * pmtu;
         let last = k + 1 == npkts;
         let mut ib;
-        let mut payload = std::mem::take(&mut self.scratch);
-        payload.clear();
+        // Where the payload comes from: written into the packet as it is
+        // built, straight from the registered memory.
+        let mut payload = Payload::None;
         match op {
             SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. } => {
                 let (imm, inv) = match op {
@@ -260,21 +261,7 @@ impl Qp {
                     _ => (None, None),
                 };
                 let take = (len - offset).min(pmtu) as usize;
-                payload.resize(take, 0);
-                let pd = self.pd;
-                let gathered = match &self.sq[idx].wr.inline {
-                    Some(data) => {
-                        let at = offset as usize;
-                        payload.copy_from_slice(&data[at..at + take]);
-                        Ok(())
-                    }
-                    None => gather(ctx.mem, pd, &self.sq[idx].wr.sg_list, offset, &mut payload),
-                };
-                if gathered.is_err() {
-                    self.scratch = payload;
-                    self.fail_local(ctx, idx, WcStatus::LocProtErr);
-                    return false;
-                }
+                payload = Payload::Gather { offset };
                 let is_write = matches!(op, SendOp::Write { .. });
                 let opcode = match (is_write, k == 0, last, imm.is_some()) {
                     (false, true, true, false) => Opcode::RC_SEND_ONLY,
@@ -326,7 +313,7 @@ impl Qp {
                 let fills_window = psn.next().forward_from(self.una) >= self.window;
                 ib.bth.ack_req =
                     (last || (k + 1) % ACK_EVERY == 0 || fills_window) && !self.is_uc();
-                ib.payload_len = payload.len();
+                ib.payload_len = take;
             }
             SendOp::Read { remote_addr, rkey } => {
                 // A re-issued READ asks only for what is still missing.
@@ -379,7 +366,7 @@ impl Qp {
                     r_key: rkey,
                     dma_length: 8,
                 });
-                payload.extend_from_slice(&data);
+                payload = Payload::Word(data);
                 ib.payload_len = 8;
                 ib.bth.ack_req = true;
             }
@@ -403,12 +390,28 @@ impl Qp {
                 ib.bth.ack_req = true;
             }
             SendOp::LocalInv { .. } | SendOp::BindMw(_) => {
-                self.scratch = payload;
                 return self.exec_local(ctx);
             }
         }
-        self.transmit(ctx, &ib, &payload);
-        self.scratch = payload;
+        match payload {
+            Payload::None => self.transmit(ctx, &ib, &[]),
+            Payload::Word(w) => self.transmit(ctx, &ib, &w),
+            Payload::Gather { offset } => {
+                let (pd, wr) = (self.pd, &self.sq[idx].wr);
+                let filled = self.transmit_with(ctx, &ib, |mem, p| match &wr.inline {
+                    Some(data) => {
+                        let at = offset as usize;
+                        p.copy_from_slice(&data[at..at + p.len()]);
+                        Ok(())
+                    }
+                    None => gather(mem, pd, &wr.sg_list, offset, p),
+                });
+                if filled.is_err() {
+                    self.fail_local(ctx, idx, WcStatus::LocProtErr);
+                    return false;
+                }
+            }
+        }
         let end = if op.is_read_or_atomic() {
             first_psn.add(npkts)
         } else {
@@ -465,4 +468,15 @@ impl Qp {
             };
         }
     }
+}
+
+/// The payload of a request packet being built.
+enum Payload {
+    /// None (READ and atomic requests, FLUSH).
+    None,
+    /// The 8 bytes of an ATOMIC WRITE.
+    Word([u8; 8]),
+    /// The work request's data from `offset` (its gather list, or the
+    /// bytes posted inline), as many as the packet carries.
+    Gather { offset: u64 },
 }

@@ -695,9 +695,7 @@ impl Qp {
                 (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
             };
             let stream = *s;
-            let mut payload = std::mem::take(&mut self.scratch);
-            payload.clear();
-            payload.resize(take as usize, 0);
+            let mut span = None;
             if take > 0 {
                 match ctx.mem.check_remote(
                     stream.rkey,
@@ -707,9 +705,8 @@ impl Qp {
                     take,
                     Access::REMOTE_READ,
                 ) {
-                    Ok(span) => ctx.mem.read(span, &mut payload),
+                    Ok(s) => span = Some(s),
                     Err(_) => {
-                        self.scratch = payload;
                         self.responses.clear();
                         let code = NakCode::RemoteAccessError;
                         self.send_ack(ctx, Syndrome::Nak(code), stream.psn);
@@ -728,9 +725,17 @@ impl Qp {
                     msn: stream.msn & 0xFF_FFFF,
                 });
             }
-            ib.payload_len = payload.len();
-            self.transmit(ctx, &ib, &payload);
-            self.scratch = payload;
+            ib.payload_len = take as usize;
+            // Read from the region straight into the packet.
+            let read = |mem: &crate::mem::Memory, p: &mut [u8]| {
+                if let Some(span) = span {
+                    mem.read(span, p);
+                }
+                Ok::<(), core::convert::Infallible>(())
+            };
+            if let Err(never) = self.transmit_with(ctx, &ib, read) {
+                match never {}
+            }
             sent += 1;
             if last {
                 self.responses.pop_front();

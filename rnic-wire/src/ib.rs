@@ -535,6 +535,74 @@ mod tests {
         assert_eq!(buf[..16], ACK[..16]);
     }
 
+    /// Every byte of an emitted packet is written (headers, reserved
+    /// fields, payload, pad and ICRC): a buffer that held another packet
+    /// gives the same bytes as a zeroed one. Senders reuse buffers on that.
+    #[test]
+    fn emitting_overwrites_every_byte() {
+        let mut emitted = 0;
+        for op in 0..=255u8 {
+            let Some(info) = Opcode(op).info() else {
+                continue;
+            };
+            let mut bth = bth::Repr::new(Opcode(op), 0x12_3456, Psn::new(0xAB_CDEF));
+            bth.solicited = true;
+            let mut ib = IbRepr::new(bth);
+            for h in info.headers {
+                match h {
+                    ExtHeader::XrcEth => ib.xrceth = Some(xrceth::Repr { xrc_srq: 0x77 }),
+                    ExtHeader::Deth => {
+                        ib.deth = Some(deth::Repr {
+                            q_key: 0x1111_2222,
+                            src_qp: 0x33,
+                        })
+                    }
+                    ExtHeader::Feth => ib.feth = Some(feth::Repr { sel: 1, plt: 2 }),
+                    ExtHeader::Reth => {
+                        ib.reth = Some(reth::Repr {
+                            va: 0x1000,
+                            r_key: 0x4444,
+                            dma_length: 7,
+                        })
+                    }
+                    ExtHeader::AtomicEth => {
+                        ib.atomic_eth = Some(atomic_eth::Repr {
+                            va: 0x2000,
+                            r_key: 0x5555,
+                            swap_or_add_data: 9,
+                            compare_data: 10,
+                        })
+                    }
+                    ExtHeader::ImmDt => ib.immdt = Some(immdt::Repr { immediate: 0x66 }),
+                    ExtHeader::Ieth => ib.ieth = Some(ieth::Repr { r_key: 0x88 }),
+                    ExtHeader::Aeth => {
+                        ib.aeth = Some(aeth::Repr {
+                            syndrome: aeth::Syndrome::ACK_NO_CREDITS,
+                            msn: 3,
+                        })
+                    }
+                    ExtHeader::AtomicAckEth => {
+                        ib.atomic_ack_eth = Some(atomic_ack_eth::Repr { orig_rem_dt: 11 })
+                    }
+                    ExtHeader::CnpPad => {}
+                }
+            }
+            if info.has_payload {
+                ib.payload_len = 7;
+            }
+            let payload = vec![0x5A; ib.payload_len];
+            let mut clean = vec![0u8; ib.buffer_len()];
+            let mut dirty = vec![0xFFu8; ib.buffer_len()];
+            let Ok(n) = ib.emit(&mut clean, &payload) else {
+                continue;
+            };
+            assert_eq!(ib.emit(&mut dirty, &payload), Ok(n));
+            assert_eq!(clean, dirty, "{}", info.name);
+            emitted += 1;
+        }
+        assert!(emitted > 50, "{emitted} opcodes emitted");
+    }
+
     #[test]
     fn errors_name_header_and_offset() {
         let e = IbPacket::new_checked(&ACK[..14]).unwrap_err();
