@@ -902,17 +902,7 @@ impl Engine {
     /// Run `f` on the engine's state, on this thread, then send what it
     /// produced and deliver its completions.
     pub fn call<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
-        let sh = &*self.shared;
-        let mut st = sh.state.lock();
-        let span = st.span.clone();
-        let _entered = span.enter();
-        let r = f(&mut st);
-        st.pump(&sh.socket);
-        let next = st.next_deadline();
-        drop(st);
-        // A timer earlier than the engine thread's wake-up: tell it.
-        sh.wake_for(next);
-        Ok(r)
+        self.verb(f, false)
     }
 
     /// [`Engine::call`] for a verb that posts work (a send, a receive, a
@@ -934,32 +924,39 @@ impl Engine {
     /// last poll or post, as it takes in what arrived meanwhile. The
     /// posting thread never wakes it for them.
     pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
+        self.shared.active();
+        self.verb(f, true)
+    }
+
+    /// Run verb `f` under the lock, then send what it produced (or hold it,
+    /// for a post while threads poll: `may_hold`) and deliver the rest.
+    fn verb<R>(&self, f: impl FnOnce(&mut EngineState) -> R, may_hold: bool) -> io::Result<R> {
         let sh = &*self.shared;
-        sh.active();
         let mut st = sh.state.lock();
         let span = st.span.clone();
         let _entered = span.enter();
         let r = f(&mut st);
-        let pollers = sh.away.load(Ordering::SeqCst);
-        let few = st
-            .nic
-            .queued_datagrams()
-            .is_some_and(|n| n < crate::udp::BATCH);
-        if pollers && few && st.impair.is_none() {
-            // A timer the post set still wakes the engine thread; the held
-            // datagrams do not.
-            let next = st.timer_deadline();
+        let hold = may_hold
+            && sh.away.load(Ordering::SeqCst)
+            && st.impair.is_none()
+            && st
+                .nic
+                .queued_datagrams()
+                .is_some_and(|n| n < crate::udp::BATCH);
+        let next = if hold {
             if st.held_since.is_none() && st.nic.queued_datagrams() != Some(0) {
                 st.held_since = Some(st.now());
             }
             st.deliver();
-            drop(st);
-            sh.wake_for(next);
-            return Ok(r);
-        }
-        st.pump(&sh.socket);
-        let next = st.next_deadline();
+            // A timer the post set still wakes the engine thread; the held
+            // datagrams do not.
+            st.timer_deadline()
+        } else {
+            st.pump(&sh.socket);
+            st.next_deadline()
+        };
         drop(st);
+        // A deadline earlier than the engine thread's wake-up: tell it.
         sh.wake_for(next);
         Ok(r)
     }
