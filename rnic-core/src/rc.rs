@@ -538,10 +538,22 @@ impl Qp {
         ib: &IbRepr,
         fill: impl FnOnce(&Memory, &mut [u8]) -> Result<(), E>,
     ) -> Result<(), E> {
-        if let Some(route) = self.route(ctx) {
-            if let Some(d) = self.build_datagram_with(ctx, route, ib, fill)? {
-                ctx.send(d);
-            }
+        match self.route(ctx) {
+            Some(route) => self.transmit_to_with(ctx, route, ib, fill),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Qp::transmit_to`] with the payload written in place by `fill`.
+    pub fn transmit_to_with<E>(
+        &self,
+        ctx: &mut Ctx<'_>,
+        route: (IpAddr, IpAddr),
+        ib: &IbRepr,
+        fill: impl FnOnce(&Memory, &mut [u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if let Some(d) = self.build_datagram_with(ctx, route, ib, fill)? {
+            ctx.send(d);
         }
         Ok(())
     }

@@ -22,21 +22,6 @@ impl Qp {
             Some(data) => data.len(),
             None => sg_len(&wr.sg_list) as usize,
         };
-        // Gathered into the QP's scratch buffer, which stays as large as the
-        // largest datagram sent: no allocation per send once warm.
-        let mut payload = std::mem::take(&mut self.scratch);
-        payload.clear();
-        let pd = self.pd;
-        let mut gathered = |ctx: &mut Ctx<'_>| match &wr.inline {
-            Some(data) => {
-                payload.extend_from_slice(data);
-                Ok(())
-            }
-            None => {
-                payload.resize(len, 0);
-                gather(ctx.mem, pd, &wr.sg_list, 0, &mut payload)
-            }
-        };
         // The address handle's source address, if it names one of the
         // NIC's of the peer's family; else the NIC's choice.
         let src = match to.src {
@@ -44,42 +29,50 @@ impl Qp {
             Some(_) => None,
             None => crate::nic::source_for(ctx.addrs, to.dest),
         };
-        let status = if len > MAX_PAYLOAD {
-            WcStatus::LocLenErr
-        } else if src.is_none() {
-            WcStatus::LocQpOpErr
-        } else if gathered(ctx).is_err() {
-            WcStatus::LocProtErr
-        } else {
-            let opcode = if imm.is_some() {
-                Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
-            } else {
-                Opcode::UD_SEND_ONLY
-            };
-            let psn = self.sq_psn;
-            self.sq_psn = psn.next();
-            let mut ib = IbRepr::new(rnic_wire::bth::Repr::new(opcode, to.qpn, psn));
-            ib.bth.solicited = wr.solicited;
-            // A Q_Key with its high bit set in the request means "the QP's
-            // own" (IBTA 10.2.5): an application cannot send a privileged
-            // Q_Key it was not given.
-            let q_key = if to.qkey & 0x8000_0000 != 0 {
-                self.attr.qkey
-            } else {
-                to.qkey
-            };
-            ib.deth = Some(deth::Repr {
-                q_key,
-                src_qp: self.qpn,
-            });
-            ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
-            ib.payload_len = len;
-            if let Some(src) = src {
-                self.transmit_to(ctx, (src, to.dest), &ib, &payload);
+        let status = match src {
+            _ if len > MAX_PAYLOAD => WcStatus::LocLenErr,
+            None => WcStatus::LocQpOpErr,
+            Some(src) => {
+                let opcode = if imm.is_some() {
+                    Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+                } else {
+                    Opcode::UD_SEND_ONLY
+                };
+                let psn = self.sq_psn;
+                let mut ib = IbRepr::new(rnic_wire::bth::Repr::new(opcode, to.qpn, psn));
+                ib.bth.solicited = wr.solicited;
+                // A Q_Key with its high bit set in the request means "the
+                // QP's own" (IBTA 10.2.5): an application cannot send a
+                // privileged Q_Key it was not given.
+                let q_key = if to.qkey & 0x8000_0000 != 0 {
+                    self.attr.qkey
+                } else {
+                    to.qkey
+                };
+                ib.deth = Some(deth::Repr {
+                    q_key,
+                    src_qp: self.qpn,
+                });
+                ib.immdt = imm.map(|immediate| immdt::Repr { immediate });
+                ib.payload_len = len;
+                // Gathered straight into the packet.
+                let pd = self.pd;
+                let fill = |mem: &crate::mem::Memory, p: &mut [u8]| match &wr.inline {
+                    Some(data) => {
+                        p.copy_from_slice(data);
+                        Ok(())
+                    }
+                    None => gather(mem, pd, &wr.sg_list, 0, p),
+                };
+                match self.transmit_to_with(ctx, (src, to.dest), &ib, fill) {
+                    Ok(()) => {
+                        self.sq_psn = psn.next();
+                        WcStatus::Success
+                    }
+                    Err(_) => WcStatus::LocProtErr,
+                }
             }
-            WcStatus::Success
         };
-        self.scratch = payload;
         if status != WcStatus::Success || wr.signaled {
             ctx.complete(
                 self.send_cq,

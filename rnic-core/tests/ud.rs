@@ -275,6 +275,27 @@ fn ud_rules() {
             }
         )
         .is_err());
+    // A gather list running past the region's end: a local protection
+    // error, and nothing sent (the packet was being built when the gather
+    // failed).
+    let sent = c.nics[0].counters().sent_pkts;
+    let wr = SendWr {
+        wr_id: 3,
+        op: SendOp::Send { imm: None },
+        sg_list: sg_list![Sge {
+            addr: 0x1000 + 65536 - 4,
+            length: 8,
+            lkey: a.lkey,
+        }],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    c.nics[0].post_send_ud(now, a.qpn, wr, to_b).unwrap();
+    let done = c.nics[0].poll_cq(a.cq, 8).unwrap();
+    assert_eq!((done[0].wr_id, done[0].status), (3, WcStatus::LocProtErr));
+    assert_eq!(c.nics[0].counters().sent_pkts, sent, "nothing sent");
 }
 
 #[test]
