@@ -1538,9 +1538,9 @@ impl Nic {
     }
 
     /// How many datagrams [`Nic::poll_transmit`] has ready, or `None` while
-    /// READ responses wait to be generated there too: what a transport
-    /// that holds a few datagrams back to send them in one system call
-    /// asks.
+    /// READ responses or requests wait to be generated there too: what a
+    /// transport that holds a few datagrams back to send them in one system
+    /// call asks.
     pub fn queued_datagrams(&self) -> Option<usize> {
         self.busy.is_empty().then_some(self.tx.len())
     }
@@ -1561,14 +1561,14 @@ impl Nic {
 
     /// The next datagram already built (requests, ACKs, responses
     /// generated so far), generating nothing: with
-    /// [`Nic::generate_burst`], what a transport that paces READ responses
-    /// calls instead of [`Nic::poll_transmit`].
+    /// [`Nic::generate_burst`], what a transport that paces what the NIC
+    /// builds calls instead of [`Nic::poll_transmit`].
     pub fn poll_built(&mut self) -> Option<Datagram> {
         self.tx.pop_front()
     }
 
     /// Whether READ responses or requests wait to be generated.
-    pub fn responses_waiting(&self) -> bool {
+    pub fn more_to_build(&self) -> bool {
         !self.busy.is_empty()
     }
 

@@ -113,8 +113,8 @@ pub(crate) struct EngineState {
     /// Since when datagrams a post produced wait for the next poll (see
     /// [`Engine::post`]).
     held_since: Option<Time>,
-    /// Since when READ responses wait for the next pump (see
-    /// [`EngineState::pump`]): a deadline already due.
+    /// Since when READ responses or requests wait to be built by the next
+    /// pump (see [`EngineState::pump`]): a deadline already due.
     paced: Option<Time>,
 }
 
@@ -279,7 +279,7 @@ impl EngineState {
             }
             self.tx = tx;
         }
-        self.paced = self.nic.responses_waiting().then_some(now);
+        self.paced = self.nic.more_to_build().then_some(now);
         self.deliver();
     }
 
