@@ -86,9 +86,18 @@ unsafe fn qp(w: &World, caps: sys::ibv_qp_cap, qp_type: u32) -> *mut sys::ibv_qp
 fn world() -> &'static World {
     static W: OnceLock<World> = OnceLock::new();
     W.get_or_init(|| {
-        // Devices of their own, away from other programs' default addresses:
-        // rnic0 for the inputs, rnic1 for the good pair.
-        std::env::set_var("RNIC_DEVICES", "rnic0=127.0.0.211,rnic1=127.0.0.212");
+        // Devices of their own, away from other programs' default addresses
+        // and from another run of this target: rnic0 for the inputs, rnic1
+        // for the good pair, on the first two of 127.0.0.200-254 whose port
+        // 4791 is free.
+        let free: Vec<_> = (200..=254u8)
+            .map(|x| std::net::Ipv4Addr::new(127, 0, 0, x))
+            .filter(|&a| std::net::UdpSocket::bind((a, 4791)).is_ok())
+            .take(2)
+            .collect();
+        assert_eq!(free.len(), 2, "two free loopback addresses");
+        let devices = format!("rnic0={},rnic1={}", free[0], free[1]);
+        std::env::set_var("RNIC_DEVICES", devices);
         // SAFETY: the verbs calls of a C program, on objects made here.
         unsafe {
             let list = ibv_get_device_list(null_mut());
