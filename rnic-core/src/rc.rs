@@ -836,8 +836,27 @@ pub(crate) fn sg_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| u64::from(s.length)).sum()
 }
 
+/// A send work request's data from `offset`, `out.len()` bytes of it: the
+/// bytes posted inline, or its gather list read through the L_Keys.
+pub(crate) fn gather_wr(
+    mem: &Memory,
+    pd: PdHandle,
+    wr: &SendWr,
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), MemError> {
+    match &wr.inline {
+        Some(data) => {
+            let at = offset as usize;
+            out.copy_from_slice(&data[at..at + out.len()]);
+            Ok(())
+        }
+        None => gather(mem, pd, &wr.sg_list, offset, out),
+    }
+}
+
 /// Gather `out.len()` bytes starting `offset` bytes into `sgl`.
-pub(crate) fn gather(
+fn gather(
     mem: &Memory,
     pd: PdHandle,
     sgl: &[Sge],

@@ -4,7 +4,7 @@
 use rnic_wire::{atomic_eth, feth, ieth, immdt, reth, IbRepr, Opcode, Psn};
 
 use crate::qp::{QpState, QpType};
-use crate::rc::{gather, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS, REQUEST_BURST};
+use crate::rc::{gather_wr, Ctx, Qp, ACK_EVERY, NIC_INFLIGHT_PKTS, REQUEST_BURST};
 use crate::srq::AsyncEvent;
 use crate::time::{local_ack_timeout, Time};
 use crate::wr::{SendOp, WcStatus};
@@ -398,14 +398,8 @@ impl Qp {
             Payload::Word(w) => self.transmit(ctx, &ib, &w),
             Payload::Gather { offset } => {
                 let (pd, wr) = (self.pd, &self.sq[idx].wr);
-                let filled = self.transmit_with(ctx, &ib, |mem, p| match &wr.inline {
-                    Some(data) => {
-                        let at = offset as usize;
-                        p.copy_from_slice(&data[at..at + p.len()]);
-                        Ok(())
-                    }
-                    None => gather(mem, pd, &wr.sg_list, offset, p),
-                });
+                let filled =
+                    self.transmit_with(ctx, &ib, |mem, p| gather_wr(mem, pd, wr, offset, p));
                 if filled.is_err() {
                     self.fail_local(ctx, idx, WcStatus::LocProtErr);
                     return false;

@@ -8,7 +8,7 @@ use rnic_wire::encap::{ipv4, ipv6};
 use rnic_wire::{deth, immdt, IbPacket, IbRepr, Opcode, MAX_PAYLOAD};
 
 use crate::qp::QpState;
-use crate::rc::{gather, scatter, sg_len, Ctx, Qp};
+use crate::rc::{gather_wr, scatter, sg_len, Ctx, Qp};
 use crate::wr::{Completion, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
 
 impl Qp {
@@ -57,13 +57,7 @@ impl Qp {
                 ib.payload_len = len;
                 // Gathered straight into the packet.
                 let pd = self.pd;
-                let fill = |mem: &crate::mem::Memory, p: &mut [u8]| match &wr.inline {
-                    Some(data) => {
-                        p.copy_from_slice(data);
-                        Ok(())
-                    }
-                    None => gather(mem, pd, &wr.sg_list, 0, p),
-                };
+                let fill = |mem: &crate::mem::Memory, p: &mut [u8]| gather_wr(mem, pd, &wr, 0, p);
                 match self.transmit_to_with(ctx, (src, to.dest), &ib, fill) {
                     Ok(()) => {
                         self.sq_psn = psn.next();
