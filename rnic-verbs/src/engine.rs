@@ -113,9 +113,6 @@ pub(crate) struct EngineState {
     /// Since when datagrams a post produced wait for the next poll (see
     /// [`Engine::post`]).
     held_since: Option<Time>,
-    /// Since when READ responses or requests wait to be built by the next
-    /// pump (see [`EngineState::pump`]): a deadline already due.
-    paced: Option<Time>,
 }
 
 impl EngineState {
@@ -279,7 +276,6 @@ impl EngineState {
             }
             self.tx = tx;
         }
-        self.paced = self.nic.more_to_build().then_some(now);
         self.deliver();
     }
 
@@ -428,7 +424,9 @@ impl EngineState {
     /// deadlines worth waking the engine thread for.
     fn timer_deadline(&self) -> Option<Time> {
         let held = self.impair.as_ref().and_then(|i| i.next_release());
-        [self.nic.next_deadline(), held, self.paced]
+        // What a pump left for the NIC to build (see `pump`): already due.
+        let paced = self.nic.more_to_build().then_some(Time(0));
+        [self.nic.next_deadline(), held, paced]
             .into_iter()
             .flatten()
             .min()
@@ -847,7 +845,6 @@ impl Engine {
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
             held_since: None,
-            paced: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
