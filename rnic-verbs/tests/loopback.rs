@@ -867,16 +867,23 @@ fn a_huge_read_does_not_hold_up_other_connections() {
         };
         qp.connect(&remote, &o).unwrap();
     }
-    let mut read = IbRepr::new(bth::Repr::new(
+    // A first request (PSN 0) with a RETH.
+    let with_reth = |op, qpn, va, r_key, dma_length| {
+        let mut ib = IbRepr::new(bth::Repr::new(op, qpn, Psn::new(0)));
+        ib.reth = Some(reth::Repr {
+            va,
+            r_key,
+            dma_length,
+        });
+        ib
+    };
+    let read = with_reth(
         Opcode::RC_RDMA_READ_REQUEST,
         reader.qpn(),
-        Psn::new(0),
-    ));
-    read.reth = Some(reth::Repr {
-        va: big.addr(),
-        r_key: big.rkey(),
-        dma_length: LEN,
-    });
+        big.addr(),
+        big.rkey(),
+        LEN,
+    );
     request(&peer, &dev, &read, &[]);
     let mut buf = vec![0u8; 65536];
     let next = |buf: &mut Vec<u8>| -> IbRepr {
@@ -885,16 +892,13 @@ fn a_huge_read_does_not_hold_up_other_connections() {
     };
     let first = next(&mut buf);
     assert_eq!(first.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
-    let mut write = IbRepr::new(bth::Repr::new(
+    let mut write = with_reth(
         Opcode::RC_RDMA_WRITE_ONLY,
         writer.qpn(),
-        Psn::new(0),
-    ));
-    write.reth = Some(reth::Repr {
-        va: target.addr(),
-        r_key: target.rkey(),
-        dma_length: 8,
-    });
+        target.addr(),
+        target.rkey(),
+        8,
+    );
     write.bth.ack_req = true;
     write.payload_len = 8;
     request(&peer, &dev, &write, &[7; 8]);
