@@ -110,8 +110,9 @@ pub(crate) struct EngineState {
     groups: Vec<usize>,
     /// The ICRC deltas for the last segment length sent.
     gso_deltas: Option<IdDeltas>,
-    /// Since when datagrams a post produced wait for the next poll (see
-    /// [`Engine::post`]).
+    /// Since when datagrams a post, or a poll that took in a completion,
+    /// produced wait for the next poll (see [`Engine::post`] and
+    /// [`Engine::progress`]).
     held_since: Option<Time>,
 }
 
@@ -279,13 +280,18 @@ impl EngineState {
         self.deliver();
     }
 
-    /// Hand completions to their queues and events to their channel.
-    fn deliver(&mut self) {
+    /// Hand completions to their queues and events to their channel;
+    /// how many completions went.
+    fn deliver(&mut self) -> usize {
+        let mut total = 0;
         for (h, sink) in &self.cqs {
             // The program's unpolled completions count against the depth.
             let delivered = sink
                 .delivered
                 .deliver(|unpolled, put| self.nic.deliver_cq(*h, unpolled, put));
+            if let Ok(n) = delivered {
+                total += n;
+            }
             if let (Ok(1..), Some(n)) = (delivered, &sink.notify) {
                 n.completed(*h);
             }
@@ -298,13 +304,16 @@ impl EngineState {
                 }
             }
         }
+        total
     }
 
     /// Receive one batch from `rx` and run each packet through the NIC in
-    /// arrival order, straight from the receive buffer. Then send what that
-    /// produced (from `socket` and the other UDP sockets) and deliver
-    /// completions.
-    fn receive(&mut self, rx: Rx<'_>, socket: &UdpSocket) -> Received {
+    /// arrival order, straight from the receive buffer. Then deliver
+    /// completions and send what that produced (from `socket` and the other
+    /// UDP sockets), or, with `may_hold` (a poller's call while the engine
+    /// thread is away) when it delivered a completion, hold it for the
+    /// poller's next call (see [`Engine::progress`]).
+    fn receive(&mut self, rx: Rx<'_>, socket: &UdpSocket, may_hold: bool) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
         // errors: nothing to receive this round.
         let n = self.rx.recv(rx.fd()).unwrap_or_default();
@@ -393,8 +402,31 @@ impl EngineState {
                 }
             }
         }
-        self.pump(socket);
+        if may_hold && self.may_hold() && self.deliver() > 0 {
+            self.hold();
+        } else {
+            self.pump(socket);
+        }
         got
+    }
+
+    /// Whether what the NIC has queued may wait for a poller's next call
+    /// (the engine thread has left the socket to pollers: `away`): a few
+    /// datagrams, with nothing left to build and no impairment to time.
+    fn may_hold(&self) -> bool {
+        self.impair.is_none()
+            && self
+                .nic
+                .queued_datagrams()
+                .is_some_and(|n| n < crate::udp::BATCH)
+    }
+
+    /// Leave what the NIC has queued for the next poll, and deliver.
+    fn hold(&mut self) {
+        if self.held_since.is_none() && self.nic.queued_datagrams() != Some(0) {
+            self.held_since = Some(self.now());
+        }
+        self.deliver();
     }
 
     /// Run the timers that are due, then send what they produced; whether
@@ -933,18 +965,8 @@ impl Engine {
         let span = st.span.clone();
         let _entered = span.enter();
         let r = f(&mut st);
-        let hold = may_hold
-            && sh.away.load(Ordering::SeqCst)
-            && st.impair.is_none()
-            && st
-                .nic
-                .queued_datagrams()
-                .is_some_and(|n| n < crate::udp::BATCH);
-        let next = if hold {
-            if st.held_since.is_none() && st.nic.queued_datagrams() != Some(0) {
-                st.held_since = Some(st.now());
-            }
-            st.deliver();
+        let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {
+            st.hold();
             // A timer the post set still wakes the engine thread; the held
             // datagrams do not.
             st.timer_deadline()
@@ -968,6 +990,16 @@ impl Engine {
     /// for them (asleep past the time it meant to wake, starved of a core).
     /// That costs one comparison per poll, where looking for a due timer
     /// would look at every queue pair's.
+    ///
+    /// While the engine thread has left the socket to pollers, what a
+    /// batch that delivered a completion produced (the ACK of a SEND, say)
+    /// waits for the next poll that finds its queue empty, as a post's
+    /// datagrams do ([`Engine::post`]): the program, handed the
+    /// completion, often answers it, and the ACK and the answer then leave
+    /// in one system call after the answer was posted, instead of the
+    /// ACK's system call delaying the answer. A program that polls for
+    /// anything at all sends it at its next poll; one that stops polling
+    /// leaves it to the engine thread, at most `watch::AWAY_MAX` later.
     pub fn progress(&self) {
         let sh = &*self.shared;
         sh.active();
@@ -979,7 +1011,8 @@ impl Engine {
         if held {
             st.pump(&sh.socket);
         }
-        let received = st.receive(sh.rx(), &sh.socket).packets;
+        let away = sh.away.load(Ordering::SeqCst);
+        let received = st.receive(sh.rx(), &sh.socket, away).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -991,7 +1024,8 @@ impl Engine {
         if !worked {
             return;
         }
-        let next = st.next_deadline();
+        // What this poll held does not wake the engine thread; its timers do.
+        let next = st.timer_deadline();
         drop(st);
         sh.wake_for(next);
     }
@@ -1111,7 +1145,7 @@ fn run(sh: &Shared, realtime: bool) {
             // Handed on fairly: a thread waiting to post or poll gets the
             // lock before the next batch of a flood.
             let mut st = sh.state.lock();
-            let got = st.receive(sh.rx(), &sh.socket);
+            let got = st.receive(sh.rx(), &sh.socket, false);
             parking_lot::MutexGuard::unlock_fair(st);
             received += got.packets;
             unpolled += got.unpolled;

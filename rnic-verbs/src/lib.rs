@@ -1793,6 +1793,47 @@ mod tests {
         );
     }
 
+    /// While a's engine thread leaves the socket to a poller, the ACK of a
+    /// SEND a poll took in waits for a's next poll (which sends it with
+    /// whatever the program posted meanwhile); if no poll comes, the engine
+    /// thread sends it when it looks again.
+    #[test]
+    fn the_ack_of_a_polled_send_waits_for_the_next_poll() {
+        /// Poll a's receive queue until b's SEND arrives (bounded).
+        fn take(p: &Pair) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(c) = p.a_rcq.try_next() {
+                    assert_eq!((c.status, c.opcode), (WcStatus::Success, WcOpcode::Recv));
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "the SEND came");
+            }
+        }
+        let p = pair_away();
+        p.post();
+        take(&p);
+        assert!(
+            p.a.engine.holding(),
+            "the ACK of the SEND a poll took in waits for the next poll"
+        );
+        assert!(p.a_rcq.try_next().is_none());
+        assert!(!p.a.engine.holding(), "the next poll sent it");
+        p.sent();
+        // Taken in, and nobody on a polls again: the engine thread sends it.
+        let p = pair_away();
+        p.post();
+        take(&p);
+        assert!(p.a.engine.holding());
+        p.sent();
+        assert!(!p.a.engine.holding());
+        let b = p.b_qp.dev.counters().unwrap();
+        assert_eq!(
+            b.completer_retry_err, 0,
+            "acknowledged, not left to b's retransmission timer"
+        );
+    }
+
     #[test]
     fn a_send_that_waited_for_the_engine_does_not_keep_it_watching() {
         let p = pair_away();
