@@ -33,6 +33,7 @@ use rnic_core::cq::CqHandle;
 use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
 use rnic_core::Nic;
+use rnic_wire::aeth::Syndrome;
 use rnic_wire::encap::LinkType;
 use rnic_wire::icrc::{IdDeltas, ICRC_LEN};
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
@@ -204,6 +205,9 @@ impl EngineState {
                     None if bursts < PUMP_BURSTS && self.nic.generate_burst() => bursts += 1,
                     None => break,
                 }
+            }
+            if self.gso {
+                acks_last(&mut tx);
             }
             if let Some(imp) = &mut self.impair {
                 // What was held and is due leaves first, then what the NIC
@@ -702,6 +706,36 @@ fn segment(run: &mut [Datagram], groups: &mut Vec<usize>, cache: &mut Option<IdD
             }
         }
         at += n;
+    }
+}
+
+/// Whether `d` is a plain RC ACK: an ACKNOWLEDGE whose syndrome is ACK,
+/// not a NAK.
+fn is_plain_ack(d: &Datagram) -> bool {
+    d.payload.first() == Some(&rnic_wire::opcode::Opcode::RC_ACKNOWLEDGE.0)
+        && d.payload
+            .get(rnic_wire::bth::HEADER_LEN)
+            .is_some_and(|&b| matches!(Syndrome::from_byte(b), Syndrome::Ack { .. }))
+}
+
+/// Move plain ACKs behind the other datagrams of a batch about to leave in
+/// one system call, each kind in its order. Between a connection's data
+/// packets an ACK would cut a GSO send in two; after it, it ends one: the
+/// ACK a ping-pong's answer follows leaves in the answer's send, one
+/// datagram through the stack instead of two. Nothing is lost by it: the
+/// ACK leaves in the same system call, a later ACK of the same QP carries
+/// everything an earlier one did, and a READ response it now follows
+/// acknowledges what came before it too. NAKs keep their place.
+fn acks_last(tx: &mut [Datagram]) {
+    let mut ack_before_other = false;
+    let mut seen_ack = false;
+    for d in tx.iter() {
+        let ack = is_plain_ack(d);
+        ack_before_other |= seen_ack && !ack;
+        seen_ack |= ack;
+    }
+    if ack_before_other {
+        tx.sort_by_key(is_plain_ack); // stable: false (the others) first
     }
 }
 
@@ -1246,6 +1280,43 @@ fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Plain ACKs leave after the other datagrams of their batch, each kind
+    /// in its order, NAKs where they were; so the ACK a ping-pong's answer
+    /// follows joins the answer's GSO send.
+    #[test]
+    fn plain_acks_go_last_and_join_the_gso_send_before_them() {
+        let from = IpAddr::from([127, 0, 0, 1]);
+        let to = IpAddr::from([127, 0, 0, 2]);
+        let datagram = |opcode: u8, syndrome: u8, len: usize, tag: u8| {
+            let mut payload = vec![tag; len];
+            payload[0] = opcode;
+            payload[rnic_wire::bth::HEADER_LEN] = syndrome;
+            Datagram {
+                src: from,
+                dst: to,
+                src_port: 49152,
+                payload,
+            }
+        };
+        let ack = |tag| datagram(0x11, 0x1F, 20, tag);
+        let nak = |tag| datagram(0x11, 0x60, 20, tag); // PSN sequence error
+        let send = |tag| datagram(0x04, 0, 80, tag); // SEND Only
+        let tags = |tx: &[Datagram]| tx.iter().map(|d| d.payload[1]).collect::<Vec<_>>();
+        let mut tx = vec![ack(1), send(2), nak(3), ack(4), send(5)];
+        acks_last(&mut tx);
+        assert_eq!(tags(&tx), [2, 3, 5, 1, 4]);
+        let mut tx = vec![ack(1), send(2)];
+        let group = |tx: &[Datagram]| {
+            crate::udp::gso_run(tx.len(), |i| {
+                (SocketAddr::new(tx[i].dst, 0), tx[i].payload.len())
+            })
+        };
+        assert_eq!(group(&tx), 1, "an ACK in front ends its own send");
+        acks_last(&mut tx);
+        assert_eq!(tags(&tx), [2, 1]);
+        assert_eq!(group(&tx), 2, "the answer and the ACK leave in one send");
+    }
 
     /// The port's MTU follows the link: the interface's MTU on the frame
     /// transport (a tap at 9000 carries 4096-byte IB packets, Ethernet at
