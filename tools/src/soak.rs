@@ -400,7 +400,7 @@ impl<'a> Run<'a> {
     }
 
     fn fail(&mut self, msg: String) {
-        if self.errors.len() < 20 {
+        if self.errors.len() < 100 {
             self.errors.push(msg);
         }
     }
@@ -499,6 +499,8 @@ impl<'a> Run<'a> {
             return self.fail(msg);
         }
         if wc.status != WcStatus::Success {
+            // Used up all the same: the next receive completes next.
+            me.msgs_rcvd += 1;
             let msg = format!("conn {c} NIC {d}: receive {k}: {}", wc.status.name());
             return self.fail(msg);
         }
@@ -793,6 +795,17 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
         }
     }
     let elapsed = start.elapsed();
+    if !run.errors.is_empty() {
+        // A QP in error completes its two queues at once, but they reach
+        // their completion queues one after the other: take in what the
+        // first failure brought, so that its cause (a send's error, not the
+        // flushed receives) is reported too.
+        for _ in 0..20 {
+            if !run.poll() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
     let end_rss = rss();
     peak_rss = peak_rss.max(end_rss);
     if run.errors.is_empty() {
@@ -867,7 +880,10 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
         println!("rnic soak: every byte, atomic and completion as the model says; nothing stuck; memory flat");
         Ok(true)
     } else {
-        for e in &run.errors {
+        // Causes first: flushed work requests only follow an error.
+        let flushed = WcStatus::WrFlushErr.name();
+        run.errors.sort_by_key(|e| e.contains(flushed));
+        for e in run.errors.iter().take(20) {
             println!("FAILED: {e}");
         }
         Ok(false)
