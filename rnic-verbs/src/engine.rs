@@ -560,8 +560,20 @@ struct Received {
 /// What the engine thread and the application's threads share.
 struct Shared {
     state: Mutex<EngineState>,
-    /// The socket on 4791: it receives everything, unless `frames` does.
+    /// The socket on 4791: it receives everything, unless `frames` does or
+    /// `responses` takes the RC responses.
     socket: UdpSocket,
+    /// On the UDP transport, a second socket on 4791 that RC responses
+    /// (ACKs, READ responses, atomic ACKs) are steered to (see
+    /// [`RESPONSE_SOCKET`]), if the kernel steers.
+    responses: Option<UdpSocket>,
+    /// The engine thread sleeps without watching `responses`: threads poll,
+    /// and take them in.
+    responses_left: AtomicBool,
+    /// RC responses are steered to `responses` now: pollers look there
+    /// too. Only while the engine thread leaves them to pollers; otherwise
+    /// all comes in on `socket` (and a poll costs one system call, not two).
+    steering: AtomicBool,
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     frames: Option<OwnedFd>,
@@ -589,6 +601,8 @@ struct Shared {
     sleeper: AtomicBool,
     /// Packets taken in by polling threads, ever.
     polled_packets: AtomicU64,
+    /// Packets taken in by the engine thread, ever.
+    engine_packets: AtomicU64,
     /// Times the engine thread, back from leaving the socket to pollers,
     /// found waiting a request no completion shows, and stayed.
     stays: AtomicU64,
@@ -598,6 +612,28 @@ struct Shared {
 }
 
 impl Shared {
+    /// Where RC responses come in, if not at [`Shared::rx`].
+    fn responses_rx(&self) -> Option<Rx<'_>> {
+        self.responses.as_ref().map(Rx::Udp)
+    }
+
+    /// Steer RC responses to `responses`, or not (engine thread only).
+    /// Pollers are told first when it starts, and the engine thread takes in
+    /// what was steered there before it stopped (it watches `responses`
+    /// whenever it does not leave them to pollers).
+    fn steer(&self, on: bool) {
+        if self.steering.load(Ordering::Relaxed) == on {
+            return;
+        }
+        if on {
+            self.steering.store(true, Ordering::SeqCst);
+        }
+        let ok = crate::udp::steer_responses(self.socket.as_fd(), on).is_ok();
+        if !on || !ok {
+            self.steering.store(false, Ordering::SeqCst);
+        }
+    }
+
     /// Where packets come in.
     fn rx(&self) -> Rx<'_> {
         match &self.frames {
@@ -663,6 +699,10 @@ pub(crate) struct Engine {
     /// On the frame transport, what holds this NIC's slot of the QP
     /// number space on the interface while it lives.
     _slot_claim: Option<std::os::unix::net::UnixDatagram>,
+    /// On the UDP transport with a response socket, what holds the address
+    /// for this NIC while it lives (its sockets let others join: see
+    /// [`claim_udp`]).
+    _udp_claim: Option<std::os::unix::net::UnixDatagram>,
     /// The largest IP packet the link carries.
     pub link_mtu: u32,
     /// The process that started the thread: a forked child has a copy of
@@ -787,6 +827,54 @@ fn open_socket_shared(addr: IpAddr, port: u16, scope: u32, shared: bool) -> io::
     Ok(socket)
 }
 
+/// Whether a NIC on the UDP transport takes RC responses in on a socket of
+/// their own: `RNIC_RESPONSE_SOCKET` (on, the default, or off).
+///
+/// Why: a program that spins on memory between polls (ib_write_lat waits
+/// for the peer's WRITE on its buffer's last byte) needs the engine thread
+/// to take the WRITE in, so the engine thread watches the socket; it was
+/// then woken by every ACK too, which the program's next poll would have
+/// taken, and each wake-up preempted a program on a busy core: two per
+/// round trip instead of one (`rnic perf write --lat`: 2.2 engine sleeps
+/// per round trip). The kernel steers RC responses (the opcodes a requester
+/// receives) to the second socket of the port's `SO_REUSEPORT` group
+/// ([`crate::udp::steer_responses`]); while threads poll, the engine thread
+/// watches only the first, for requests. Requests and responses are
+/// separate streams on the wire, each in order on its socket.
+fn response_socket() -> io::Result<bool> {
+    match std::env::var("RNIC_RESPONSE_SOCKET").as_deref() {
+        Ok("on" | "1") | Err(_) => Ok(true),
+        Ok("off" | "0") => Ok(false),
+        Ok(other) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("RNIC_RESPONSE_SOCKET={other}: expected on or off"),
+        )),
+    }
+}
+
+/// Claim UDP port 4791 of `addr` (link-local IPv6: on interface `scope`)
+/// for one NIC, for as long as the returned socket is open. The NIC's two
+/// sockets on the port let sockets that ask for SO_REUSEPORT join them, so
+/// the port alone no longer says the address is taken: an abstract Unix
+/// socket named after it does (as [`crate::frames::claim_slot`]'s). A
+/// program that binds the port without SO_REUSEPORT is refused by the
+/// kernel as before.
+fn claim_udp(addr: IpAddr, scope: u32) -> io::Result<std::os::unix::net::UnixDatagram> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("rnic/udp/{addr}%{scope}/{ROCE_PORT}");
+    let at = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    std::os::unix::net::UnixDatagram::bind_addr(&at).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("UDP port {ROCE_PORT} of {addr} is taken by another rnic NIC"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// Whether a NIC on `addr` sends runs of datagrams as UDP GSO sends:
 /// `RNIC_GSO` (on or off) if set; otherwise only on loopback with the UDP
 /// transport, where the kernel cuts the segments itself (the way a veth
@@ -844,7 +932,31 @@ impl Engine {
             addrs.extend(i.gids.iter().filter(|&&a| a != addr));
         }
         let shared = iface.is_some();
-        let socket = open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared)?;
+        // On the UDP transport, RC responses arrive on a socket of their
+        // own where the kernel steers them: the two sockets share the port
+        // (SO_REUSEPORT), and a claim keeps the address this NIC's.
+        let split = iface.is_none() && response_socket()?;
+        let udp_claim = if split {
+            Some(claim_udp(addr, scope)?)
+        } else {
+            None
+        };
+        let socket = open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared || split)?;
+        let responses = if split {
+            let r = open_socket_shared(addr, ROCE_PORT, scope_of(addr), true)?;
+            // Not steered until the engine thread leaves responses to pollers.
+            match crate::udp::steer_responses(socket.as_fd(), false)
+                .and_then(|()| crate::udp::enable_gro(r.as_fd()))
+            {
+                Ok(()) => Some(r),
+                Err(e) => {
+                    tracing::info!("RC responses share the socket of requests: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let mut send_sockets = HashMap::new();
         let mut nic = Nic::with_secret(addr, secret);
         for &a in &addrs[1..] {
@@ -915,6 +1027,9 @@ impl Engine {
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             socket,
+            responses,
+            responses_left: AtomicBool::new(false),
+            steering: AtomicBool::new(false),
             frames,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
@@ -926,6 +1041,7 @@ impl Engine {
             away: AtomicBool::new(false),
             sleeper: AtomicBool::new(false),
             polled_packets: AtomicU64::new(0),
+            engine_packets: AtomicU64::new(0),
             stays: AtomicU64::new(0),
             away_max: AtomicU64::new(crate::watch::AWAY_MAX),
         });
@@ -956,6 +1072,7 @@ impl Engine {
             addr,
             gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
             _slot_claim: slot_claim,
+            _udp_claim: udp_claim,
             addrs,
             link_mtu: link_mtu(addr, iface),
             pid: std::process::id(),
@@ -1046,7 +1163,14 @@ impl Engine {
             st.pump(&sh.socket);
         }
         let away = sh.away.load(Ordering::SeqCst);
-        let received = st.receive(sh.rx(), &sh.socket, away).packets;
+        let mut received = 0;
+        if let Some(r) = sh
+            .responses_rx()
+            .filter(|_| sh.steering.load(Ordering::Relaxed))
+        {
+            received += st.receive(r, &sh.socket, away).packets;
+        }
+        received += st.receive(sh.rx(), &sh.socket, away).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -1070,7 +1194,7 @@ impl Engine {
     pub fn expect_sleeper(&self) {
         let sh = &*self.shared;
         sh.sleeper.store(true, Ordering::SeqCst);
-        if sh.away.load(Ordering::SeqCst) {
+        if sh.away.load(Ordering::SeqCst) || sh.responses_left.load(Ordering::SeqCst) {
             sh.wake();
         }
     }
@@ -1089,6 +1213,10 @@ impl Engine {
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {
         self.shared.stays.load(Ordering::Relaxed)
+    }
+    /// Packets the engine thread took in, ever.
+    pub fn engine_packets(&self) -> u64 {
+        self.shared.engine_packets.load(Ordering::Relaxed)
     }
     /// The engine thread's thread ID.
     pub fn engine_tid(&self) -> i32 {
@@ -1166,27 +1294,54 @@ fn run(sh: &Shared, realtime: bool) {
         watch.pollers_took(p - polled);
         polled = p;
         if sh.sleeper.swap(false, Ordering::SeqCst) {
-            watch.stay(now);
+            watch.sleeper(now);
         }
         if watch.away(now, sh.last_active(), sh.away_max.load(Ordering::Relaxed)) {
+            // Pollers take everything in: one socket is one system call.
+            // What was steered to the other before is taken in here, now
+            // and each time the engine thread comes back (a packet the
+            // kernel was steering as the program changed stays at most
+            // AWAY_MAX).
+            sh.steer(false);
+            if let Some(r) = sh.responses_rx() {
+                let mut st = sh.state.lock();
+                let got = st.receive(r, &sh.socket, false);
+                parking_lot::MutexGuard::unlock_fair(st);
+                if got.packets > 0 {
+                    sh.engine_packets
+                        .fetch_add(got.packets as u64, Ordering::Relaxed);
+                    continue;
+                }
+            }
             leave_to_pollers(sh, &mut watch);
             continue;
         }
+        // While threads poll, they take the RC responses in: the engine
+        // thread watches for requests only (see `response_socket`).
+        let leave_responses = sh.responses.is_some()
+            && Watch::pollers_about(now, sh.last_active())
+            && !watch.sleeper_about(now);
+        sh.steer(leave_responses);
         // Receive everything waiting, a batch per system call, each batch
         // handled under the lock.
         let (mut received, mut unpolled) = (0, 0);
-        loop {
-            // Handed on fairly: a thread waiting to post or poll gets the
-            // lock before the next batch of a flood.
-            let mut st = sh.state.lock();
-            let got = st.receive(sh.rx(), &sh.socket, false);
-            parking_lot::MutexGuard::unlock_fair(st);
-            received += got.packets;
-            unpolled += got.unpolled;
-            if got.packets < crate::udp::BATCH {
-                break;
+        let responses = sh.responses_rx().filter(|_| !leave_responses);
+        for rx in std::iter::once(sh.rx()).chain(responses) {
+            loop {
+                // Handed on fairly: a thread waiting to post or poll gets
+                // the lock before the next batch of a flood.
+                let mut st = sh.state.lock();
+                let got = st.receive(rx, &sh.socket, false);
+                parking_lot::MutexGuard::unlock_fair(st);
+                received += got.packets;
+                unpolled += got.unpolled;
+                if got.packets < crate::udp::BATCH {
+                    break;
+                }
             }
         }
+        sh.engine_packets
+            .fetch_add(received as u64, Ordering::Relaxed);
         let now = sh.clock();
         watch.engine_took(received, now, sh.last_active());
         if watch.back(now, unpolled) {
@@ -1221,20 +1376,37 @@ fn run(sh: &Shared, realtime: bool) {
             } else {
                 100_000_000
             };
-            let until = st
+            let mut until = st
                 .next_deadline()
                 .map_or(now.0 + longest, |d| d.0.min(now.0 + longest));
+            if leave_responses {
+                // Responses are left to pollers until AWAY_MAX after the
+                // last poll or post, as when away.
+                let last = sh.last_active().unwrap_or(now.0);
+                until = until.min(last.saturating_add(sh.away_max.load(Ordering::Relaxed)));
+            }
             // Published under the lock: a verb that sets an earlier timer
             // after this sees it and wakes us.
             sh.sleeping_until.store(until, Ordering::Release);
             Duration::from_nanos(until.saturating_sub(now.0))
         };
         watch.sleeping(false);
+        // A thread about to sleep on a completion checks `responses_left`
+        // after saying so; we check what it said after setting it: one of
+        // the two sees the other (as with `away`).
+        sh.responses_left.store(leave_responses, Ordering::SeqCst);
+        let responses = match sh.responses_rx() {
+            Some(r) if !leave_responses || sh.sleeper.load(Ordering::SeqCst) => Some(r),
+            _ => None,
+        };
         let mut fds = [
             PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
             PollFd::new(&sh.wake, PollFlags::IN),
+            PollFd::from_borrowed_fd(responses.unwrap_or(sh.rx()).fd(), PollFlags::IN),
         ];
-        sleep(sh, &mut fds, timeout);
+        let watched = if responses.is_some() { 3 } else { 2 };
+        sleep(sh, &mut fds[..watched], timeout);
+        sh.responses_left.store(false, Ordering::SeqCst);
         idle_since = None;
     }
 }

@@ -1530,6 +1530,7 @@ mod tests {
         a: Device,
         chan: CompletionChannel,
         a_rcq: CompletionQueue,
+        a_scq: CompletionQueue,
         _a_qp: QueuePair,
         a_mr: MemoryRegion,
         /// Where b's WRITEs land.
@@ -1563,6 +1564,7 @@ mod tests {
             a,
             chan,
             a_rcq,
+            a_scq,
             _a_qp: a_qp,
             b_scq,
             b_qp,
@@ -1832,6 +1834,85 @@ mod tests {
             b.completer_retry_err, 0,
             "acknowledged, not left to b's retransmission timer"
         );
+    }
+
+    /// While a's engine thread watches for requests (a WRITE waited for it:
+    /// a program spinning on memory) and a thread polls, the ACKs of a's
+    /// SENDs reach the polling thread without waking the engine thread
+    /// (see `engine::response_socket`).
+    #[test]
+    fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
+        let p = pair_away();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // A WRITE that waits for a's engine thread: it comes back,
+            // finds it, and stays to watch for requests.
+            let stays = p.a.engine.stays();
+            p.write();
+            p.sent();
+            assert_eq!(
+                p.a.engine.stays(),
+                stays + 1,
+                "the WRITE kept a's engine watching"
+            );
+            let engine_took = p.a.engine.engine_packets();
+            for i in 0..20 {
+                p.b_qp
+                    .post_recv(RecvWr {
+                        wr_id: i,
+                        sg_list: sg_list![p.b_mr.sge(0, 64)],
+                    })
+                    .unwrap();
+                p._a_qp
+                    .post_send(SendWr {
+                        wr_id: i,
+                        op: SendOp::Send { imm: None },
+                        sg_list: sg_list![p.a_mr.sge(0, 8)],
+                        signaled: true,
+                        solicited: false,
+                        fence: false,
+                        inline: None,
+                    })
+                    .unwrap();
+                let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
+                assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+            }
+            let away = p.a.engine.is_away();
+            if away && tries < 5 {
+                // The stay ended during the round trips (a slow machine):
+                // not what this test looks at. Again, with a longer stay.
+                continue;
+            }
+            assert!(!away, "a's engine thread watched throughout");
+            assert_eq!(
+                p.a.engine.engine_packets(),
+                engine_took,
+                "a's engine thread took in none of the ACKs"
+            );
+            break;
+        }
+    }
+
+    /// A NIC's port 4791 is its own while it lives, though its two sockets
+    /// let sockets that ask for SO_REUSEPORT join them: another NIC on the
+    /// address is refused (the claim), as is a plain socket (the kernel).
+    #[test]
+    fn a_nic_s_address_is_its_own_while_it_lives() {
+        let d = Device::open_loopback().unwrap();
+        let addr = d.addr();
+        match Device::open(addr) {
+            Err(Error::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}"),
+            other => panic!("a second NIC on {addr}: {:?}", other.map(|d| d.addr())),
+        }
+        let port = std::net::SocketAddr::new(addr, engine::ROCE_PORT);
+        assert_eq!(
+            std::net::UdpSocket::bind(port).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
+        );
+        drop(d);
+        let again = Device::open(addr).expect("free once the NIC is gone");
+        assert_eq!(again.addr(), addr);
     }
 
     #[test]

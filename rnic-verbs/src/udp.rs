@@ -191,6 +191,51 @@ pub fn enable_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
     set_option(fd, libc::SOL_UDP, libc::UDP_GRO, &(1 as libc::c_int))
 }
 
+/// The first and last BTH opcode of what a requester receives on RC:
+/// RDMA READ response First, Middle, Last, Only, ACKNOWLEDGE, ATOMIC
+/// ACKNOWLEDGE.
+const RESPONSES: std::ops::RangeInclusive<u8> = 0x0D..=0x12;
+
+/// With `on`, steer the datagrams of `fd`'s `SO_REUSEPORT` group by their
+/// first payload byte, a RoCE packet's BTH opcode: RC responses
+/// ([`RESPONSES`]) to the group's second socket, everything else (and
+/// anything too short to have a first byte) to its first; without, all to
+/// the first. The kernel runs the classic BPF program below on each
+/// datagram with the UDP payload at offset 0 (`SO_ATTACH_REUSEPORT_CBPF`;
+/// attaching one replaces the last), and falls back to its hash only if
+/// the group has fewer sockets than the index. Fails on kernels without it.
+pub fn steer_responses(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    let insn = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    let (lo, hi) = (*RESPONSES.start(), *RESPONSES.end());
+    let mut all_to_first = [insn((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0)];
+    let mut steer = [
+        // A = payload[0] (a load past the end returns 0 from the program).
+        insn((libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16, 0, 0, 0),
+        // A >= lo: go on, else to "return 0".
+        insn(
+            (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16,
+            0,
+            2,
+            lo.into(),
+        ),
+        // A > hi: "return 0", else "return 1".
+        insn(
+            (libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K) as u16,
+            1,
+            0,
+            hi.into(),
+        ),
+        insn((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 1),
+        insn((libc::BPF_RET | libc::BPF_K) as u16, 0, 0, 0),
+    ];
+    let program: &mut [libc::sock_filter] = if on { &mut steer } else { &mut all_to_first };
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    set_option(fd, libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_CBPF, &prog)
+}
+
 /// `setsockopt(fd, level, name, value)`, for an option whose value is a
 /// plain `T` the kernel copies.
 pub(crate) fn set_option<T>(
@@ -534,6 +579,73 @@ mod tests {
     use super::*;
     use std::net::UdpSocket;
     use std::os::fd::AsFd;
+
+    /// Two sockets of one `SO_REUSEPORT` group on `at` (port 0: any).
+    fn group(at: SocketAddr) -> (UdpSocket, UdpSocket) {
+        let open = |at: SocketAddr| {
+            let fd = rustix::net::socket(
+                rustix::net::AddressFamily::INET,
+                rustix::net::SocketType::DGRAM,
+                None,
+            )
+            .unwrap();
+            rustix::net::sockopt::set_socket_reuseport(&fd, true).unwrap();
+            rustix::net::bind(&fd, &at).unwrap();
+            let s = UdpSocket::from(fd);
+            s.set_nonblocking(true).unwrap();
+            // Room for all 257 test datagrams at once.
+            crate::engine::ask_recv_buffer(s.as_fd());
+            s
+        };
+        let first = open(at);
+        let second = open(first.local_addr().unwrap());
+        (first, second)
+    }
+
+    /// Steered, RC responses reach the group's second socket, every other
+    /// opcode (and an empty datagram) its first; not steered, all reach the
+    /// first.
+    #[test]
+    fn responses_are_steered_to_a_socket_of_their_own() {
+        let (first, second) = group("127.0.0.1:0".parse().unwrap());
+        let to = first.local_addr().unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let send_all = || {
+            for op in 0..=0xFFu8 {
+                peer.send_to(&[op, 0, 0, 0], to).unwrap();
+            }
+            peer.send_to(&[], to).unwrap();
+        };
+        // What `s` has, waiting up to 5 s for `expect` datagrams.
+        let drain = |s: &UdpSocket, expect: usize| {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 8];
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                match s.recv(&mut buf) {
+                    Ok(n) => got.push(buf[..n].first().copied()),
+                    Err(_) if got.len() < expect && std::time::Instant::now() < deadline => {
+                        std::thread::yield_now()
+                    }
+                    Err(_) => return got,
+                }
+            }
+        };
+        steer_responses(first.as_fd(), true).unwrap();
+        send_all();
+        let want: Vec<Option<u8>> = RESPONSES.map(Some).collect();
+        let responses = drain(&second, want.len());
+        let others = drain(&first, 257 - want.len());
+        assert_eq!(responses, want);
+        assert_eq!(others.len(), 256 - want.len() + 1);
+        assert!(others
+            .iter()
+            .all(|op| op.is_none_or(|op| !RESPONSES.contains(&op))));
+        steer_responses(second.as_fd(), false).unwrap();
+        send_all();
+        assert_eq!(drain(&first, 257).len(), 257);
+        assert!(drain(&second, 0).is_empty());
+    }
 
     #[test]
     fn a_batch_each_way_v4_and_v6() {

@@ -73,6 +73,9 @@ pub struct Watch {
     was_away: bool,
     /// How long to watch after the next packet that waited.
     stay: u64,
+    /// A thread said it would sleep until a completion: watch for
+    /// everything (RC responses too) until then.
+    sleeper_until: u64,
 }
 
 impl Default for Watch {
@@ -82,6 +85,7 @@ impl Default for Watch {
             stay_until: 0,
             was_away: false,
             stay: STAY_MIN,
+            sleeper_until: 0,
         }
     }
 }
@@ -147,6 +151,19 @@ impl Watch {
     pub fn stay(&mut self, now: u64) {
         self.needless = 0;
         self.stay_until = now.saturating_add(self.stay);
+    }
+
+    /// A thread said at `now` it would sleep until a completion: stay, and
+    /// watch for RC responses too, which end in the completion it waits
+    /// for.
+    pub fn sleeper(&mut self, now: u64) {
+        self.stay(now);
+        self.sleeper_until = self.stay_until;
+    }
+
+    /// Whether a thread that said it would sleep may still be waiting.
+    pub fn sleeper_about(&self, now: u64) -> bool {
+        now < self.sleeper_until
     }
 }
 
