@@ -565,7 +565,7 @@ struct Shared {
     socket: UdpSocket,
     /// On the UDP transport, a second socket on 4791 that RC responses
     /// (ACKs, READ responses, atomic ACKs) are steered to (see
-    /// [`RESPONSE_SOCKET`]), if the kernel steers.
+    /// [`response_socket`]), if the kernel steers.
     responses: Option<UdpSocket>,
     /// The engine thread sleeps without watching `responses`: threads poll,
     /// and take them in.
@@ -1213,6 +1213,10 @@ impl Engine {
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {
         self.shared.stays.load(Ordering::Relaxed)
+    }
+    /// Whether RC responses are steered to the response socket now.
+    pub fn steering(&self) -> bool {
+        self.shared.steering.load(Ordering::SeqCst)
     }
     /// Packets the engine thread took in, ever.
     pub fn engine_packets(&self) -> u64 {
