@@ -77,8 +77,8 @@ enum Command {
         #[arg(short = 'a', long)]
         all_sizes: bool,
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
-        #[arg(short = 'm', long, default_value_t = 1024)]
-        mtu: u32,
+        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
+        mtu: rnic_verbs::Mtu,
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
@@ -121,8 +121,8 @@ enum Command {
         #[arg(short = 's', long, default_value_t = 8192)]
         max_size: usize,
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
-        #[arg(short = 'm', long, default_value_t = 1024)]
-        mtu: u32,
+        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
+        mtu: rnic_verbs::Mtu,
         /// Each NIC's egress impairment ("none" for a clean link).
         #[arg(long, default_value = soak::DEFAULT_IMPAIR, value_name = "SPEC")]
         impair: String,
@@ -156,8 +156,8 @@ enum Command {
         #[arg(short = 'n', long, default_value_t = 1000)]
         iters: u64,
         /// Path MTU: 256, 512, 1024, 2048 or 4096.
-        #[arg(short = 'm', long, default_value_t = 1024)]
-        mtu: u32,
+        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
+        mtu: rnic_verbs::Mtu,
         /// Run the NIC on this network interface, at every address it has
         /// (its GID table), with the frame transport (needs CAP_NET_RAW): to
         /// talk to rdma_rxe or a hardware RoCE NIC. Without it, on a
@@ -257,10 +257,6 @@ fn main() -> ExitCode {
             json,
             impair,
         } => {
-            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
-                eprintln!("rnic perf: the MTU must be 256, 512, 1024, 2048 or 4096");
-                return ExitCode::from(2);
-            };
             let duration = match duration.map(secs) {
                 Some(None) => {
                     eprintln!("rnic perf: the duration must be a positive number of seconds");
@@ -341,10 +337,6 @@ fn main() -> ExitCode {
             gid_index,
             psn,
         } => {
-            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
-                eprintln!("rnic pingpong: MTU must be 256, 512, 1024, 2048 or 4096");
-                return ExitCode::from(2);
-            };
             let o = pingpong::Options {
                 server,
                 port,
@@ -391,10 +383,6 @@ fn main() -> ExitCode {
             seed,
             report,
         } => {
-            let Some(mtu) = rnic_verbs::Mtu::from_bytes(mtu) else {
-                eprintln!("rnic soak: the MTU must be 256, 512, 1024, 2048 or 4096");
-                return ExitCode::from(2);
-            };
             let impair = if impair == "none" {
                 None
             } else {
@@ -535,6 +523,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// A path MTU on the command line, in bytes.
+fn parse_mtu(s: &str) -> Result<rnic_verbs::Mtu, String> {
+    s.parse()
+        .ok()
+        .and_then(rnic_verbs::Mtu::from_bytes)
+        .ok_or_else(|| format!("{s:?}: the MTU must be 256, 512, 1024, 2048 or 4096"))
+}
+
 /// A PSN on the command line: decimal, or hexadecimal after 0x; 24 bits.
 fn parse_psn(s: &str) -> Result<rnic_wire::Psn, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -547,7 +543,16 @@ fn parse_psn(s: &str) -> Result<rnic_wire::Psn, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_psn;
+    use super::{parse_mtu, parse_psn};
+
+    #[test]
+    fn mtus_on_the_command_line() {
+        assert_eq!(parse_mtu("4096"), Ok(rnic_verbs::Mtu::Mtu4096));
+        assert_eq!(parse_mtu("256"), Ok(rnic_verbs::Mtu::Mtu256));
+        for bad in ["1500", "0", "4k", ""] {
+            assert!(parse_mtu(bad).unwrap_err().contains("256, 512"), "{bad}");
+        }
+    }
 
     #[test]
     fn psns_on_the_command_line() {
