@@ -212,6 +212,9 @@ pub(crate) struct ReadStream {
     /// Whether the next packet is the response's first (FIRST or ONLY).
     pub first: bool,
     pub msn: u32,
+    /// A duplicate READ answered again: it holds no resource of its own
+    /// (see `read_reply`).
+    pub again: bool,
 }
 
 /// A response the responder owes, in PSN order.

@@ -643,6 +643,7 @@ impl Qp {
             } else {
                 self.msn.wrapping_add(1)
             },
+            again: duplicate,
         };
         let mut streams = self.responses.iter_mut().filter_map(|r| match r {
             Response::Read(s) => Some(s),
@@ -655,9 +656,31 @@ impl Qp {
                 return Ok(npkts);
             }
         } else if streams.count() >= usize::from(self.attr.max_dest_rd_atomic) {
-            // More READs in progress than this responder granted the
-            // requester (IBTA 9.7.5.2.4 class C).
-            return Err(Refusal::Nak(NakCode::InvalidRequest));
+            // A READ answered again after its original was answered in
+            // full holds no resource: the requester may have taken the
+            // original's responses since (they were late, not lost) and
+            // sent new READs up to its limit. The oldest such answer makes
+            // room (the requester completes READs in PSN order: if any of
+            // them is done with, the oldest is), as rdma_rxe recycles its
+            // oldest resource. Beyond that, more READs in progress than
+            // this responder granted the requester (IBTA 9.7.5.2.4 class C).
+            let epsn = self.epsn;
+            let again = self
+                .responses
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| match r {
+                    Response::Read(s) if s.again => Some((s.origin.diff(epsn), i)),
+                    _ => None,
+                })
+                .min()
+                .map(|(_, i)| i);
+            match again {
+                Some(i) => {
+                    self.responses.remove(i);
+                }
+                None => return Err(Refusal::Nak(NakCode::InvalidRequest)),
+            }
         }
         self.log(ctx, psn, ExecKind::Read { va, len, duplicate });
         self.responses.push_back(Response::Read(stream));

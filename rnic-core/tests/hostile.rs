@@ -596,6 +596,44 @@ fn reads_beyond_max_dest_rd_atomic_in_progress_are_refused() {
     );
 }
 
+/// A duplicate READ, answered again after its original was answered in
+/// full, holds no resource a new READ needs: the requester may have taken
+/// the original's responses meanwhile (a network that reorders makes it
+/// retransmit a READ whose responses were only late) and sent READs up to
+/// its limit. As rdma_rxe recycles its oldest responder resource, the
+/// re-execution makes room; the limit is still the limit on the READs
+/// themselves (the test above).
+#[test]
+fn a_read_answered_again_gives_way_to_new_reads() {
+    let mut p = Pair::new(53, &Params::default());
+    let rkey = p.b.mr.rkey;
+    let r = psn(A_PSN);
+    let d = read_request(&p, r.value(), B_IOVA, rkey, 2048);
+    deliver_to_b(&mut p, d);
+    assert_eq!(take_tx(&mut p.c.nics[1]).len(), 2, "answered in full");
+    // Asked again, and sixteen new READs after it before any response of
+    // the second answer left.
+    let d = read_request(&p, r.value(), B_IOVA, rkey, 2048);
+    deliver_to_b(&mut p, d);
+    for i in 1..=16u32 {
+        let d = read_request(&p, r.add(2 * i).value(), B_IOVA, rkey, 2048);
+        deliver_to_b(&mut p, d);
+    }
+    let out = take_tx(&mut p.c.nics[1]);
+    assert!(
+        out.iter().all(|d| opcode(d) != Opcode::RC_ACKNOWLEDGE),
+        "no NAK: {:?}",
+        out.iter().map(psn_of).collect::<Vec<_>>()
+    );
+    let new: Vec<u32> = out
+        .iter()
+        .map(psn_of)
+        .filter(|&q| psn(q).diff(r.add(2)) >= 0)
+        .collect();
+    let want: Vec<u32> = (0..32).map(|k| r.add(2 + k).value()).collect();
+    assert_eq!(new, want, "every new READ answered in full, in order");
+}
+
 /// A duplicate READ is answered only if it is its READ again, or a part of
 /// it: the same R_Key, a range inside the original, and responses within
 /// the original's PSNs (rdma_rxe duplicate_request). Otherwise it is
