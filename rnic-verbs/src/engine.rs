@@ -574,6 +574,10 @@ struct Shared {
     /// too. Only while the engine thread leaves them to pollers; otherwise
     /// all comes in on `socket` (and a poll costs one system call, not two).
     steering: AtomicBool,
+    /// Since steering started, `socket` has not been found empty: it may
+    /// hold responses older than those on `responses` (see
+    /// [`Shared::steer`]).
+    older_on_socket: AtomicBool,
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     frames: Option<OwnedFd>,
@@ -617,21 +621,30 @@ impl Shared {
         self.responses.as_ref().map(Rx::Udp)
     }
 
-    /// Steer RC responses to `responses`, or not (engine thread only).
-    /// Pollers are told first when it starts, and the engine thread takes in
-    /// what was steered there before it stopped (it watches `responses`
-    /// whenever it does not leave them to pollers).
+    /// Steer RC responses to `responses`, or not (engine thread only),
+    /// keeping them in order: packets are taken in under the state lock,
+    /// which the switch holds. Starting, responses that arrived before it
+    /// may still wait on `socket`: until `socket` has been emptied once
+    /// (`older_on_socket`), pollers do not look at `responses`. Stopping,
+    /// what `responses` holds is taken in at once, before anything newer
+    /// on `socket`; a packet the kernel was steering as the program
+    /// changed, if any, is taken in by the engine thread, which watches
+    /// `responses` whenever it does not leave it to pollers (and drains
+    /// it when it leaves everything to them).
     fn steer(&self, on: bool) {
         if self.steering.load(Ordering::Relaxed) == on {
             return;
         }
+        let mut st = self.state.lock();
+        if crate::udp::steer_responses(self.socket.as_fd(), on).is_err() {
+            return;
+        }
         if on {
-            self.steering.store(true, Ordering::SeqCst);
+            self.older_on_socket.store(true, Ordering::Relaxed);
+        } else if let Some(r) = self.responses_rx() {
+            while st.receive(r, &self.socket, false).packets > 0 {}
         }
-        let ok = crate::udp::steer_responses(self.socket.as_fd(), on).is_ok();
-        if !on || !ok {
-            self.steering.store(false, Ordering::SeqCst);
-        }
+        self.steering.store(on, Ordering::SeqCst);
     }
 
     /// Where packets come in.
@@ -1030,6 +1043,7 @@ impl Engine {
             responses,
             responses_left: AtomicBool::new(false),
             steering: AtomicBool::new(false),
+            older_on_socket: AtomicBool::new(false),
             frames,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
@@ -1163,14 +1177,21 @@ impl Engine {
             st.pump(&sh.socket);
         }
         let away = sh.away.load(Ordering::SeqCst);
-        let mut received = 0;
+        // Requests (and, before steering, everything), then the responses
+        // steered apart, once nothing older can wait before them.
+        let got = st.receive(sh.rx(), &sh.socket, away).packets;
+        let mut received = got;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            received += st.receive(r, &sh.socket, away).packets;
+            if got < crate::udp::BATCH {
+                sh.older_on_socket.store(false, Ordering::Relaxed);
+            }
+            if !sh.older_on_socket.load(Ordering::Relaxed) {
+                received += st.receive(r, &sh.socket, away).packets;
+            }
         }
-        received += st.receive(sh.rx(), &sh.socket, away).packets;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -1320,9 +1341,11 @@ fn run(sh: &Shared, realtime: bool) {
             leave_to_pollers(sh, &mut watch);
             continue;
         }
-        // While threads poll, they take the RC responses in: the engine
-        // thread watches for requests only (see `response_socket`).
+        // Staying for a program that spins on memory while threads poll:
+        // they take the RC responses in, and the engine thread watches for
+        // requests only (see `response_socket`).
         let leave_responses = sh.responses.is_some()
+            && watch.staying(now)
             && Watch::pollers_about(now, sh.last_active())
             && !watch.sleeper_about(now);
         sh.steer(leave_responses);

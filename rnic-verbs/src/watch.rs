@@ -161,6 +161,13 @@ impl Watch {
         self.sleeper_until = self.stay_until;
     }
 
+    /// Whether it watches because a request waited for it (a program that
+    /// spins on memory), or a thread said it would sleep, until a while
+    /// after `now`.
+    pub fn staying(&self, now: u64) -> bool {
+        now < self.stay_until
+    }
+
     /// Whether a thread that said it would sleep may still be waiting.
     pub fn sleeper_about(&self, now: u64) -> bool {
         now < self.sleeper_until
