@@ -578,6 +578,9 @@ struct Shared {
     /// hold responses older than those on `responses` (see
     /// [`Shared::steer`]).
     older_on_socket: AtomicBool,
+    /// A test's choice of steering (1 off, 2 on; 0 the engine's own).
+    #[cfg(test)]
+    pinned_steering: std::sync::atomic::AtomicU8,
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     frames: Option<OwnedFd>,
@@ -616,6 +619,17 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether to steer: `wanted`, unless a test chose.
+    fn pinned(&self, wanted: bool) -> bool {
+        #[cfg(test)]
+        match self.pinned_steering.load(Ordering::SeqCst) {
+            1 => return false,
+            2 => return true,
+            _ => {}
+        }
+        wanted
+    }
+
     /// Where RC responses come in, if not at [`Shared::rx`].
     fn responses_rx(&self) -> Option<Rx<'_>> {
         self.responses.as_ref().map(Rx::Udp)
@@ -626,11 +640,12 @@ impl Shared {
     /// which the switch holds. Starting, responses that arrived before it
     /// may still wait on `socket`: until `socket` has been emptied once
     /// (`older_on_socket`), pollers do not look at `responses`. Stopping,
-    /// what `responses` holds is taken in at once, before anything newer
-    /// on `socket`; a packet the kernel was steering as the program
-    /// changed, if any, is taken in by the engine thread, which watches
-    /// `responses` whenever it does not leave it to pollers (and drains
-    /// it when it leaves everything to them).
+    /// what `responses` holds is taken in at once (after what may still
+    /// wait on `socket` from before the start), before anything newer on
+    /// `socket`; a packet the kernel was steering as the program changed,
+    /// if any, is taken in by the engine thread, which watches `responses`
+    /// whenever it does not leave it to pollers (and drains it when it
+    /// leaves everything to them).
     fn steer(&self, on: bool) {
         if self.steering.load(Ordering::Relaxed) == on {
             return;
@@ -642,6 +657,9 @@ impl Shared {
         if on {
             self.older_on_socket.store(true, Ordering::Relaxed);
         } else if let Some(r) = self.responses_rx() {
+            if self.older_on_socket.swap(false, Ordering::Relaxed) {
+                while st.receive(self.rx(), &self.socket, false).packets >= crate::udp::BATCH {}
+            }
             while st.receive(r, &self.socket, false).packets > 0 {}
         }
         self.steering.store(on, Ordering::SeqCst);
@@ -1044,6 +1062,8 @@ impl Engine {
             responses_left: AtomicBool::new(false),
             steering: AtomicBool::new(false),
             older_on_socket: AtomicBool::new(false),
+            #[cfg(test)]
+            pinned_steering: std::sync::atomic::AtomicU8::new(0),
             frames,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
@@ -1235,6 +1255,19 @@ impl Engine {
     pub fn stays(&self) -> u64 {
         self.shared.stays.load(Ordering::Relaxed)
     }
+    /// Steer RC responses to the response socket (`Some(true)`), or not,
+    /// whatever the engine thread would choose; `None` leaves it to it.
+    pub fn pin_steering(&self, on: Option<bool>) {
+        let v = match on {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        };
+        self.shared.pinned_steering.store(v, Ordering::SeqCst);
+        if let Some(on) = on {
+            self.shared.steer(on);
+        }
+    }
     /// Whether RC responses are steered to the response socket now.
     pub fn steering(&self) -> bool {
         self.shared.steering.load(Ordering::SeqCst)
@@ -1327,7 +1360,7 @@ fn run(sh: &Shared, realtime: bool) {
             // and each time the engine thread comes back (a packet the
             // kernel was steering as the program changed stays at most
             // AWAY_MAX).
-            sh.steer(false);
+            sh.steer(sh.pinned(false));
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
                 let got = st.receive(r, &sh.socket, false);
@@ -1348,6 +1381,7 @@ fn run(sh: &Shared, realtime: bool) {
             && watch.staying(now)
             && Watch::pollers_about(now, sh.last_active())
             && !watch.sleeper_about(now);
+        let leave_responses = sh.pinned(leave_responses);
         sh.steer(leave_responses);
         // Receive everything waiting, a batch per system call, each batch
         // handled under the lock.

@@ -1909,6 +1909,66 @@ mod tests {
         }
     }
 
+    /// Steering starting and stopping does not let a response overtake
+    /// an older one: what waited on the first socket from before the start
+    /// is taken in before what was steered to the second, and at the stop
+    /// what the second holds before anything newer on the first.
+    #[test]
+    fn responses_keep_their_order_when_steering_starts_and_stops() {
+        // An engine thread away from the socket: what arrives waits for
+        // this thread's polls.
+        let p = pair_away();
+        let d = &p.a;
+        let addr = d.addr();
+        let tap = d.tap().unwrap();
+        let peer = std::net::UdpSocket::bind((IpAddr::from([127, 0, 33, 3]), 0)).unwrap();
+        let to = std::net::SocketAddr::new(addr, engine::ROCE_PORT);
+        // Ghost ACKs for a QP that does not exist, numbered by their PSN:
+        // received (and shown to the tap), then dropped.
+        let send = |psns: std::ops::Range<u32>| {
+            for p in psns {
+                let mut ack = [0u8; 20];
+                ack[0] = 0x11; // RC ACKNOWLEDGE
+                ack[7] = 0x99; // destination QP 0x000099
+                ack[9..12].copy_from_slice(&p.to_be_bytes()[1..]);
+                peer.send_to(&ack, to).unwrap();
+            }
+        };
+        let mut seen = Vec::new();
+        let mut take = |n: usize| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while seen.len() < n {
+                d.engine.progress();
+                while let Ok(e) = tap.try_recv() {
+                    if !e.sent {
+                        let b = &e.datagram.payload;
+                        seen.push(u32::from_be_bytes([0, b[9], b[10], b[11]]));
+                    }
+                }
+                assert!(std::time::Instant::now() < deadline, "bounded");
+            }
+        };
+        // 40 on the first socket, then steering, then 40 on the second.
+        d.engine.pin_steering(Some(false));
+        send(0..40);
+        d.engine.pin_steering(Some(true));
+        send(40..80);
+        take(80);
+        // 40 on the second, steering stops, 40 on the first.
+        send(80..120);
+        d.engine.pin_steering(Some(false));
+        send(120..160);
+        take(160);
+        // Started and stopped before a poll: the first socket's first.
+        send(160..200);
+        d.engine.pin_steering(Some(true));
+        send(200..240);
+        d.engine.pin_steering(Some(false));
+        send(240..280);
+        take(280);
+        assert_eq!(seen, (0..280).collect::<Vec<u32>>());
+    }
+
     /// A NIC's port 4791 is its own while it lives, though its two sockets
     /// let sockets that ask for SO_REUSEPORT join them: another NIC on the
     /// address is refused (the claim), as is a plain socket (the kernel).
