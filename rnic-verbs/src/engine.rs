@@ -570,14 +570,13 @@ struct Shared {
     /// The engine thread sleeps without watching `responses`: threads poll,
     /// and take them in.
     responses_left: AtomicBool,
+    /// Steer RC responses apart while staying for a program that spins on
+    /// memory (`RNIC_RESPONSE_SOCKET=on`; see [`response_socket`]).
+    steer_when_staying: AtomicBool,
     /// RC responses are steered to `responses` now: pollers look there
     /// too. Only while the engine thread leaves them to pollers; otherwise
     /// all comes in on `socket` (and a poll costs one system call, not two).
     steering: AtomicBool,
-    /// Since steering started, `socket` has not been found empty: it may
-    /// hold responses older than those on `responses` (see
-    /// [`Shared::steer`]).
-    older_on_socket: AtomicBool,
     /// A test's choice of steering (1 off, 2 on; 0 the engine's own).
     #[cfg(test)]
     pinned_steering: std::sync::atomic::AtomicU8,
@@ -637,15 +636,14 @@ impl Shared {
 
     /// Steer RC responses to `responses`, or not (engine thread only),
     /// keeping them in order: packets are taken in under the state lock,
-    /// which the switch holds. Starting, responses that arrived before it
-    /// may still wait on `socket`: until `socket` has been emptied once
-    /// (`older_on_socket`), pollers do not look at `responses`. Stopping,
-    /// what `responses` holds is taken in at once (after what may still
-    /// wait on `socket` from before the start), before anything newer on
-    /// `socket`; a packet the kernel was steering as the program changed,
-    /// if any, is taken in by the engine thread, which watches `responses`
-    /// whenever it does not leave it to pollers (and drains it when it
-    /// leaves everything to them).
+    /// which the switch holds, and what waits on the socket the switch
+    /// turns away from is taken in at once, before anything that arrives
+    /// on the other. Starting, that is `socket` (up to [`STEER_DRAIN`]
+    /// batches: under a flood a response left behind arrives late, as on
+    /// a network that reorders); stopping, `responses`. A packet the kernel
+    /// was steering as the program changed, if any, is taken in by the
+    /// engine thread, which watches `responses` whenever it does not leave
+    /// it to pollers (and drains it when it leaves everything to them).
     fn steer(&self, on: bool) {
         if self.steering.load(Ordering::Relaxed) == on {
             return;
@@ -655,11 +653,12 @@ impl Shared {
             return;
         }
         if on {
-            self.older_on_socket.store(true, Ordering::Relaxed);
-        } else if let Some(r) = self.responses_rx() {
-            if self.older_on_socket.swap(false, Ordering::Relaxed) {
-                while st.receive(self.rx(), &self.socket, false).packets >= crate::udp::BATCH {}
+            for _ in 0..STEER_DRAIN {
+                if st.receive(self.rx(), &self.socket, false).packets < crate::udp::BATCH {
+                    break;
+                }
             }
+        } else if let Some(r) = self.responses_rx() {
             while st.receive(r, &self.socket, false).packets > 0 {}
         }
         self.steering.store(on, Ordering::SeqCst);
@@ -858,8 +857,22 @@ fn open_socket_shared(addr: IpAddr, port: u16, scope: u32, shared: bool) -> io::
     Ok(socket)
 }
 
+/// Batches of what waits on the first socket taken in when steering starts
+/// (see [`Shared::steer`]).
+const STEER_DRAIN: usize = 8;
+
 /// Whether a NIC on the UDP transport takes RC responses in on a socket of
-/// their own: `RNIC_RESPONSE_SOCKET` (on, the default, or off).
+/// their own while it stays for a program that spins on memory:
+/// `RNIC_RESPONSE_SOCKET` (on, or off, the default). The two sockets are
+/// bound either way; off, nothing is ever steered to the second.
+///
+/// Off by default because what it saves is small and what it costs is
+/// not: `rnic perf write --lat` took one engine wake-up per round trip
+/// instead of 2.2, yet its p50 moved by 5-15% at most (36.1 against 38.1
+/// us, 44 against 47); while a flood to QPs that do not exist keeps the
+/// engine thread staying, each poll reads two sockets, and the legitimate
+/// transfer of `hostile_wire`'s on-path test kept 0.58-0.80 of its rate
+/// alone, against 0.84-1.14 without (six runs each).
 ///
 /// Why: a program that spins on memory between polls (ib_write_lat waits
 /// for the peer's WRITE on its buffer's last byte) needs the engine thread
@@ -874,8 +887,8 @@ fn open_socket_shared(addr: IpAddr, port: u16, scope: u32, shared: bool) -> io::
 /// separate streams on the wire, each in order on its socket.
 fn response_socket() -> io::Result<bool> {
     match std::env::var("RNIC_RESPONSE_SOCKET").as_deref() {
-        Ok("on" | "1") | Err(_) => Ok(true),
-        Ok("off" | "0") => Ok(false),
+        Ok("on" | "1") => Ok(true),
+        Ok("off" | "0") | Err(_) => Ok(false),
         Ok(other) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("RNIC_RESPONSE_SOCKET={other}: expected on or off"),
@@ -966,7 +979,8 @@ impl Engine {
         // On the UDP transport, RC responses arrive on a socket of their
         // own where the kernel steers them: the two sockets share the port
         // (SO_REUSEPORT), and a claim keeps the address this NIC's.
-        let split = iface.is_none() && response_socket()?;
+        let steer_when_staying = response_socket()?;
+        let split = iface.is_none();
         let udp_claim = if split {
             Some(claim_udp(addr, scope)?)
         } else {
@@ -1061,7 +1075,7 @@ impl Engine {
             responses,
             responses_left: AtomicBool::new(false),
             steering: AtomicBool::new(false),
-            older_on_socket: AtomicBool::new(false),
+            steer_when_staying: AtomicBool::new(steer_when_staying),
             #[cfg(test)]
             pinned_steering: std::sync::atomic::AtomicU8::new(0),
             frames,
@@ -1197,20 +1211,14 @@ impl Engine {
             st.pump(&sh.socket);
         }
         let away = sh.away.load(Ordering::SeqCst);
-        // Requests (and, before steering, everything), then the responses
-        // steered apart, once nothing older can wait before them.
-        let got = st.receive(sh.rx(), &sh.socket, away).packets;
-        let mut received = got;
+        // Requests (and, unless steered apart, responses), then the
+        // responses steered apart.
+        let mut received = st.receive(sh.rx(), &sh.socket, away).packets;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            if got < crate::udp::BATCH {
-                sh.older_on_socket.store(false, Ordering::Relaxed);
-            }
-            if !sh.older_on_socket.load(Ordering::Relaxed) {
-                received += st.receive(r, &sh.socket, away).packets;
-            }
+            received += st.receive(r, &sh.socket, away).packets;
         }
         if received > 0 {
             sh.polled_packets
@@ -1267,6 +1275,11 @@ impl Engine {
         if let Some(on) = on {
             self.shared.steer(on);
         }
+    }
+    /// Steer RC responses apart while staying (as with
+    /// `RNIC_RESPONSE_SOCKET=on`), or not.
+    pub fn steer_when_staying(&self, on: bool) {
+        self.shared.steer_when_staying.store(on, Ordering::Relaxed);
     }
     /// Whether RC responses are steered to the response socket now.
     pub fn steering(&self) -> bool {
@@ -1378,6 +1391,7 @@ fn run(sh: &Shared, realtime: bool) {
         // they take the RC responses in, and the engine thread watches for
         // requests only (see `response_socket`).
         let leave_responses = sh.responses.is_some()
+            && sh.steer_when_staying.load(Ordering::Relaxed)
             && watch.staying(now)
             && Watch::pollers_about(now, sh.last_active())
             && !watch.sleeper_about(now);

@@ -1843,6 +1843,7 @@ mod tests {
     #[test]
     fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
         let p = pair_away();
+        p.a.engine.steer_when_staying(true);
         // One SEND from a, polled for (bounded).
         let round_trip = |i: u64| {
             p.b_qp
