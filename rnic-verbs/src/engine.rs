@@ -425,12 +425,12 @@ impl EngineState {
                 .is_some_and(|n| n < crate::udp::BATCH)
     }
 
-    /// Leave what the NIC has queued for the next poll, and deliver.
+    /// Leave what the NIC has queued for the next poll (the caller
+    /// delivers the completions).
     fn hold(&mut self) {
         if self.held_since.is_none() && self.nic.queued_datagrams() != Some(0) {
             self.held_since = Some(self.now());
         }
-        self.deliver();
     }
 
     /// Run the timers that are due, then send what they produced; whether
@@ -577,6 +577,8 @@ struct Shared {
     /// too. Only while the engine thread leaves them to pollers; otherwise
     /// all comes in on `socket` (and a poll costs one system call, not two).
     steering: AtomicBool,
+    /// Steering has started at least once: `responses` may hold packets.
+    steered_once: AtomicBool,
     /// A test's choice of steering (1 off, 2 on; 0 the engine's own).
     #[cfg(test)]
     pinned_steering: std::sync::atomic::AtomicU8,
@@ -629,9 +631,14 @@ impl Shared {
         wanted
     }
 
-    /// Where RC responses come in, if not at [`Shared::rx`].
+    /// Where RC responses come in, if not at [`Shared::rx`]: nowhere until
+    /// steering first starts (nothing reaches `responses` before), so a NIC
+    /// that never steers pays no system call for it.
     fn responses_rx(&self) -> Option<Rx<'_>> {
-        self.responses.as_ref().map(Rx::Udp)
+        self.responses
+            .as_ref()
+            .filter(|_| self.steered_once.load(Ordering::Relaxed))
+            .map(Rx::Udp)
     }
 
     /// Steer RC responses to `responses`, or not (engine thread only),
@@ -651,6 +658,9 @@ impl Shared {
         let mut st = self.state.lock();
         if crate::udp::steer_responses(self.socket.as_fd(), on).is_err() {
             return;
+        }
+        if on {
+            self.steered_once.store(true, Ordering::Relaxed);
         }
         if on {
             for _ in 0..STEER_DRAIN {
@@ -1075,6 +1085,7 @@ impl Engine {
             responses,
             responses_left: AtomicBool::new(false),
             steering: AtomicBool::new(false),
+            steered_once: AtomicBool::new(false),
             steer_when_staying: AtomicBool::new(steer_when_staying),
             #[cfg(test)]
             pinned_steering: std::sync::atomic::AtomicU8::new(0),
@@ -1166,6 +1177,7 @@ impl Engine {
         let r = f(&mut st);
         let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {
             st.hold();
+            st.deliver();
             // A timer the post set still wakes the engine thread; the held
             // datagrams do not.
             st.timer_deadline()
