@@ -7,7 +7,7 @@ use rnic_wire::{IbPacket, Operation, Psn};
 
 use crate::qp::QpState;
 use crate::rc::{scatter, Ctx, Qp, MAX_INFLIGHT_PKTS, RECOVERY_WINDOW};
-use crate::time::Time;
+use crate::time::{local_ack_timeout, Time};
 use crate::wr::{SendOp, WcStatus};
 
 impl Qp {
@@ -153,6 +153,12 @@ impl Qp {
     /// Acknowledged progress: reset the retry budget and the timer, open the
     /// window, complete what can be completed.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some((psn, sent, in_flight)) = self.rtt_probe {
+            if !self.una.is_before(psn) {
+                self.rtt_probe = None;
+                self.round_trip(ctx, ctx.now.since(sent), in_flight);
+            }
+        }
         self.responder_heard();
         self.complete_front(ctx);
         // An ACK may overtake a go-back-N: the responder has what the
@@ -169,6 +175,35 @@ impl Qp {
         }
     }
 
+    /// A round trip was timed, `in_flight` packets unacknowledged when it
+    /// began. Whatever queue lies between this requester and its responder
+    /// (a slow responder's socket, a VM's NIC), the window keeps its delay
+    /// under a quarter of the local ACK timeout: when a packet is lost, the
+    /// responder NAKs it once and drops the rest of the queue behind it, and
+    /// the resent packet reaches it only after that queue. A queue longer
+    /// than the timeout spends a retry per timeout while it drains, and
+    /// retry_cnt of them fail a healthy connection (RETRY_EXC_ERR). Past the
+    /// target, the window becomes what the responder took in the target's
+    /// time (`in_flight` scaled by target / rtt); past half of it, the window
+    /// grows by a packet per acknowledgement instead of doubling per round
+    /// trip. TIMELY and Swift steer RDMA's windows by delay the same way.
+    fn round_trip(&mut self, ctx: &mut Ctx<'_>, rtt: core::time::Duration, in_flight: u32) {
+        let Some(timeout) = local_ack_timeout(self.attr.timeout) else {
+            self.delay_high = false;
+            return;
+        };
+        let target = timeout / 4;
+        if rtt > target {
+            let fits = u128::from(in_flight) * target.as_nanos() / rtt.as_nanos().max(1);
+            let fits = u32::try_from(fits).unwrap_or(u32::MAX).max(RECOVERY_WINDOW);
+            if fits < self.window {
+                self.window = fits;
+                ctx.counters.window_delay_cuts += 1;
+            }
+        }
+        self.delay_high = rtt > target / 2;
+    }
+
     /// The responder answered in sequence: the retry budget is whole again
     /// (retry_cnt counts retries in a row without an answer), the window
     /// opens by what was acknowledged, and a NAK or a gap may start a
@@ -179,7 +214,8 @@ impl Qp {
         self.retry_started = false;
         let acked = self.una.forward_from(self.heard_una).min(MAX_INFLIGHT_PKTS);
         self.heard_una = self.una;
-        self.window = (self.window + acked).min(MAX_INFLIGHT_PKTS);
+        let grow = if self.delay_high { acked.min(1) } else { acked };
+        self.window = (self.window + grow).min(MAX_INFLIGHT_PKTS);
     }
 
     /// Complete finished requests at the head of the send queue, in post order.

@@ -58,6 +58,10 @@ pub struct Counters {
     pub retry_rnr_exceeded_err: u64,
     /// Responses for nothing outstanding (ghost or duplicate ACKs).
     pub ghost_or_duplicate_response: u64,
+    /// Times a requester shrank its window because a round trip took more
+    /// than a quarter of its local ACK timeout (a queue in front of a slow
+    /// responder).
+    pub window_delay_cuts: u64,
     /// Times a SEND or WRITE with immediate waited for the responder's
     /// end-to-end credits (IBTA 9.7.7.2; rdmavt's `rc_crwaits`).
     pub credit_waits: u64,

@@ -327,9 +327,21 @@ pub(crate) struct Qp {
     /// after a loss (halved, at least [`RECOVERY_WINDOW`]; that after a
     /// local ACK timeout), and one more for every packet acknowledged: it
     /// doubles in a round trip without loss, as TCP's window does in slow
-    /// start. `heard_una` is `una` when the window last grew.
+    /// start; a round trip that takes too long shrinks it and slows its
+    /// growth ([`Qp::round_trip`]). `heard_una` is `una` when the window
+    /// last grew.
     pub window: u32,
     pub heard_una: Psn,
+    /// The round trip being timed: the PSN whose acknowledgement ends it
+    /// (the one after a packet sent for the first time), when that packet
+    /// left, and how many packets were unacknowledged then. One at a time;
+    /// dropped when a retransmission starts (an ACK after it may answer
+    /// either copy, as Karn's rule says).
+    pub rtt_probe: Option<(Psn, Time, u32)>,
+    /// The last round trip took more than half the delay target: the
+    /// window grows by a packet per acknowledgement, not by each packet
+    /// acknowledged.
+    pub delay_high: bool,
     /// What this QP adds to the NIC's [`Ctx::inflight`]: its unacknowledged
     /// packets when it last sent or heard, 0 outside RTS and SQD.
     pub counted: u32,
@@ -406,6 +418,8 @@ impl Qp {
             retry_started: false,
             window: MAX_INFLIGHT_PKTS,
             heard_una: Psn::new(0),
+            rtt_probe: None,
+            delay_high: false,
             counted: 0,
             starved: false,
             ssn: Psn::new(0),

@@ -412,6 +412,11 @@ impl Qp {
             psn.next()
         };
         if end.is_after(self.max_sent) {
+            // Sent for the first time: it may time a round trip (a resent
+            // one never does).
+            if self.rtt_probe.is_none() && self.qp_type == QpType::Rc {
+                self.rtt_probe = Some((end, ctx.now, end.forward_from(self.una)));
+            }
             self.max_sent = end;
         }
         if op.is_read_or_atomic() || last {
@@ -447,6 +452,7 @@ impl Qp {
 
     /// Go back to `psn`: resend from the request that holds it (go-back-N).
     pub(crate) fn go_back(&mut self, psn: Psn) {
+        self.rtt_probe = None;
         if let Some(i) = self.pending_wqe(psn) {
             let w = &self.sq[i];
             self.next_wqe = i;

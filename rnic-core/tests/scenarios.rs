@@ -449,6 +449,56 @@ fn a_slow_responder_draining_its_backlog_is_not_timed_out() {
     assert_eq!(p.c.nics[0].counters().retry_exceeded_err, 0);
 }
 
+/// A responder slower than its requester (rdma_rxe in an emulated VM: it
+/// checks the ICRC of every packet, stale ones too) builds a queue in
+/// front of itself. A requester that keeps its whole window of 1,024
+/// packets in that queue makes the queue's delay (14 ms here) longer than
+/// all its retries: when a packet is lost, the responder NAKs it once and
+/// then drops what follows until the resent packet comes through the
+/// queue, and a timeout every 1.05 ms spends the seven retries before it
+/// does (RETRY_EXC_ERR on a healthy link, as ib_send_bw saw against
+/// rdma_rxe). Timing its round trips, the requester keeps the queue within
+/// a quarter of its local ACK timeout.
+#[test]
+fn a_queue_in_front_of_a_slow_responder_stays_inside_the_ack_timeout() {
+    let (mut p, a, b) = pair(39, &Params::default());
+    let msg = 16 * 1024;
+    let data: Vec<u8> = (0..msg as u32).map(|i| (i * 17 + 11) as u8).collect();
+    p.write_a(0, &data);
+    // About 75 packets of 1 KiB a millisecond from A to B: an ACK every
+    // 16-packet message, every 0.2 ms, well inside the 1.05 ms timeout.
+    p.c.net.set_bandwidth(a, b, 80_000_000);
+    let messages = 256u32;
+    p.c.net.drop_rule(DropRule {
+        src: Some(a),
+        opcode: None,
+        psn: Some(psn(A_PSN).add(2500)),
+        times: 1,
+    });
+    for k in 0..u64::from(messages) {
+        let sg = p.sge_a(0, msg as u32);
+        p.post_write_to_b(k, B_IOVA + (k % 8) * msg as u64, sg);
+    }
+    p.run();
+    let done = p.completions(0);
+    assert_eq!(done.len(), messages as usize);
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::Success),
+        "{:?}",
+        done.iter().find(|c| c.status != WcStatus::Success)
+    );
+    for k in 0..8 {
+        assert_eq!(p.read(1, k * msg as u64, msg), data);
+    }
+    let n = p.c.nics[0].counters();
+    assert_eq!(n.retry_exceeded_err, 0);
+    // The loss costs one NAK and at most a timeout, not a retry per
+    // timeout while the queue drains.
+    assert_eq!(n.rcvd_seq_err, 1);
+    assert!(n.completer_retry_err <= 2, "{n:?}");
+    assert!(n.window_delay_cuts > 0, "{n:?}");
+}
+
 /// Timers come from a heap of deadlines, not a walk over every QP: with
 /// 2,000 idle QPs beside the busy one, a transfer whose ACKs are lost still
 /// retransmits on time. A QP whose ACK timer is re-armed (every ACK) adds
