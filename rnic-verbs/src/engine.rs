@@ -1297,6 +1297,26 @@ impl Engine {
     pub fn steering(&self) -> bool {
         self.shared.steering.load(Ordering::SeqCst)
     }
+    /// Whether runs of datagrams go out as UDP GSO sends now.
+    #[cfg(test)]
+    pub(crate) fn gso(&self) -> bool {
+        self.shared.state.lock().gso
+    }
+    /// Make every socket this NIC sends from send without UDP checksums:
+    /// the kernel then refuses GSO sends (EINVAL), as some paths do.
+    #[cfg(test)]
+    pub(crate) fn send_without_checksums(&self) {
+        let st = self.shared.state.lock();
+        for s in std::iter::once(&self.shared.socket).chain(st.send_sockets.values()) {
+            crate::udp::set_option(
+                s.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NO_CHECK,
+                &1 as &libc::c_int,
+            )
+            .expect("SO_NO_CHECK");
+        }
+    }
     /// Packets the engine thread took in, ever.
     pub fn engine_packets(&self) -> u64 {
         self.shared.engine_packets.load(Ordering::Relaxed)

@@ -1732,6 +1732,60 @@ mod tests {
 
     /// A pair whose a's engine thread has left the socket to this thread,
     /// coming back TEST_AWAY after the last poll or post.
+    /// A path that refuses UDP GSO sends (here a socket without UDP
+    /// checksums; the kernel says EINVAL) loses the first run sent as one,
+    /// and from then on the NIC sends one datagram per message: a 64 KiB
+    /// WRITE completes after one retransmission, where every resent run,
+    /// refused alike, would spend the retries.
+    #[test]
+    fn a_nic_whose_gso_sends_are_refused_sends_datagrams_one_by_one() {
+        let (a, b) = (
+            Device::open_loopback().unwrap(),
+            Device::open_loopback().unwrap(),
+        );
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let (a_cq, b_cq) = (a.create_cq(8).unwrap(), b.create_cq(8).unwrap());
+        let a_qp = pa.create_rc_qp(&a_cq, &a_cq, QpCaps::default()).unwrap();
+        let b_qp = pb.create_rc_qp(&b_cq, &b_cq, QpCaps::default()).unwrap();
+        let o = ConnectOptions {
+            timeout: 10, // 4.2 ms
+            ..ConnectOptions::default()
+        };
+        a_qp.connect(&b_qp.endpoint(), &o).unwrap();
+        b_qp.connect(&a_qp.endpoint(), &o).unwrap();
+        const LEN: usize = 64 * 1024;
+        let target = pa
+            .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let source = pb.register(LEN, Access::LOCAL_WRITE).unwrap();
+        let data: Vec<u8> = (0..LEN as u32).map(|i| (i * 7 + 1) as u8).collect();
+        assert!(source.write(0, &data));
+        assert!(b.engine.gso(), "GSO is on by default on loopback");
+        b.engine.send_without_checksums();
+        b_qp.post_send(SendWr {
+            wr_id: 1,
+            op: SendOp::Write {
+                remote_addr: target.addr(),
+                rkey: target.rkey(),
+                imm: None,
+            },
+            sg_list: sg_list![source.sge(0, LEN as u32)],
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: None,
+        })
+        .unwrap();
+        let c = b_cq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!(c.status, WcStatus::Success);
+        assert!(!b.engine.gso(), "GSO is off after the refusal");
+        let mut got = vec![0u8; LEN];
+        assert!(target.read(0, &mut got));
+        assert!(got == data, "the WRITE landed whole");
+        let retries = b.counters().unwrap().completer_retry_err;
+        assert!(retries <= 2, "{retries} retransmissions");
+    }
+
     fn pair_away() -> Pair {
         let p = pair();
         p.a.engine.set_away_max(TEST_AWAY);
