@@ -197,6 +197,8 @@ fn connect(a: &End, b: &End) {
 
 const REGION: usize = 1 << 20;
 const CHUNK: usize = 4096;
+/// WRITEs of the legitimate transfer in flight at once.
+const DEPTH: usize = 16;
 
 /// A writes all of B's region in chunks and reads it back: the legitimate
 /// transfer. Returns how long it took.
@@ -206,27 +208,38 @@ fn transfer(a: &End, b: &End, round: u8) -> Duration {
     start.elapsed()
 }
 
-/// [`transfer`], adding each chunk to `done` as it completes.
+/// [`transfer`], adding each chunk to `done` as it completes. It keeps
+/// [`DEPTH`] WRITEs in flight, as a bandwidth test does: one at a time,
+/// the rate it makes is the inverse of a round trip, and an attack that
+/// delays each ACK by a queue it made halves it without taking a byte of
+/// throughput from the connection.
 fn transfer_counted(a: &End, b: &End, round: u8, done: &AtomicU64) {
     let data: Vec<u8> = (0..REGION).map(|i| (i as u8) ^ round).collect();
     assert!(a.mr.write(0, &data));
-    for (k, off) in (0..REGION).step_by(CHUNK).enumerate() {
-        let wr = SendWr {
-            wr_id: k as u64,
-            op: SendOp::Write {
-                remote_addr: b.mr.addr() + off as u64,
-                rkey: b.mr.rkey(),
-                imm: None,
-            },
-            sg_list: vec![a.mr.sge(off, CHUNK as u32)].into(),
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        };
-        a.qp.post_send(wr).unwrap();
+    let chunks = REGION / CHUNK;
+    let (mut posted, mut completed) = (0, 0);
+    while completed < chunks {
+        while posted < chunks && posted - completed < DEPTH {
+            let off = posted * CHUNK;
+            let wr = SendWr {
+                wr_id: posted as u64,
+                op: SendOp::Write {
+                    remote_addr: b.mr.addr() + off as u64,
+                    rkey: b.mr.rkey(),
+                    imm: None,
+                },
+                sg_list: vec![a.mr.sge(off, CHUNK as u32)].into(),
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            };
+            a.qp.post_send(wr).unwrap();
+            posted += 1;
+        }
         let c = a.cq.wait(Duration::from_secs(20)).unwrap();
-        assert_eq!((c.wr_id, c.status), (k as u64, WcStatus::Success));
+        assert_eq!((c.wr_id, c.status), (completed as u64, WcStatus::Success));
+        completed += 1;
         done.fetch_add(CHUNK as u64, Ordering::Relaxed);
     }
     let mut got = vec![0u8; REGION];
@@ -541,10 +554,11 @@ fn an_on_path_attacker_gets_the_iba_nak_class_by_class() {
     let spoofer = Spoofer::new().expect("a packet socket");
     let (a, b) = (end(QpType::Rc, REGION), end(QpType::Rc, REGION));
     connect(&a, &b);
-    // Its rate alone: bytes per second over a few rounds.
+    // Its rate alone: bytes per second over 16 rounds (about a tenth of
+    // a second; four, at 30 ms, varied by a quarter from run to run).
     let calm = {
-        let t: Duration = (1..=4).map(|r| transfer(&a, &b, r)).sum();
-        (4 * REGION) as f64 / t.as_secs_f64()
+        let t: Duration = (1..=16).map(|r| transfer(&a, &b, r)).sum();
+        (16 * REGION) as f64 / t.as_secs_f64()
     };
     const LEN: usize = 65536;
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
