@@ -114,6 +114,20 @@ fn check(
     gaps: &[u32],
     mech: Mechanisms,
 ) -> Result<bool, TestCaseError> {
+    check_behind(seed, link, mtu, ops, gaps, mech, 0)
+}
+
+/// [`check`], both directions limited to `bytes_per_second` (0: no
+/// limit).
+fn check_behind(
+    seed: u64,
+    link: LinkConfig,
+    mtu: Mtu,
+    ops: &[Op],
+    gaps: &[u32],
+    mech: Mechanisms,
+    bytes_per_second: u64,
+) -> Result<bool, TestCaseError> {
     let d = Params::default();
     let params = Params {
         link,
@@ -124,6 +138,9 @@ fn check(
     };
     let mut p = Pair::new(seed, &params);
     p.c.nics[1].set_mechanisms(mech);
+    let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
+    p.c.net.set_bandwidth(a, b, bytes_per_second);
+    p.c.net.set_bandwidth(b, a, bytes_per_second);
     let a_init: Vec<u8> = (0..REGION)
         .map(|i| (i as u64).wrapping_mul(seed | 1).to_le_bytes()[1])
         .collect();
@@ -396,6 +413,23 @@ proptest! {
     ) {
         let (ops, gaps): (Vec<Op>, Vec<u32>) = steps.into_iter().unzip();
         check(seed, link, mtu, &ops, &gaps, Mechanisms::default())?;
+    }
+
+    /// The same behind a slow link (0.5 to 50 MB/s each way): a queue
+    /// builds in front of each side, round trips pass the requester's delay
+    /// target (a quarter of the 1.05 ms ACK timeout), and its window
+    /// shrinks and grows slowly while losses, duplicates, timeouts and
+    /// go-back-N interleave with it.
+    #[test]
+    fn invariants_hold_behind_a_slow_link(
+        seed in any::<u64>(),
+        link in link(),
+        mtu in mtu(),
+        bytes_per_second in 500_000u64..50_000_000,
+        steps in proptest::collection::vec((op(), gap()), 1..24),
+    ) {
+        let (ops, gaps): (Vec<Op>, Vec<u32>) = steps.into_iter().unzip();
+        check_behind(seed, link, mtu, &ops, &gaps, Mechanisms::default(), bytes_per_second)?;
     }
 }
 
