@@ -1730,8 +1730,6 @@ mod tests {
     // machine does not let it come back before the packet it sends.
     const TEST_AWAY: u64 = 50_000_000;
 
-    /// A pair whose a's engine thread has left the socket to this thread,
-    /// coming back TEST_AWAY after the last poll or post.
     /// A path that refuses UDP GSO sends (here a socket without UDP
     /// checksums; the kernel says EINVAL) loses the first run sent as one,
     /// and from then on the NIC sends one datagram per message: a 64 KiB
@@ -1786,6 +1784,8 @@ mod tests {
         assert!(retries <= 2, "{retries} retransmissions");
     }
 
+    /// A pair whose a's engine thread has left the socket to this thread,
+    /// coming back TEST_AWAY after the last poll or post.
     fn pair_away() -> Pair {
         let p = pair();
         p.a.engine.set_away_max(TEST_AWAY);
