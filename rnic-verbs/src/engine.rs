@@ -661,8 +661,6 @@ impl Shared {
         }
         if on {
             self.steered_once.store(true, Ordering::Relaxed);
-        }
-        if on {
             for _ in 0..STEER_DRAIN {
                 if st.receive(self.rx(), &self.socket, false).packets < crate::udp::BATCH {
                     break;
