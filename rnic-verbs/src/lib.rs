@@ -1611,6 +1611,31 @@ mod tests {
                 .unwrap();
         }
 
+        /// One SEND from a to b, both sides' completions spun for (bounded).
+        fn send_polled(&self, i: u64) {
+            self.b_qp
+                .post_recv(RecvWr {
+                    wr_id: i,
+                    sg_list: sg_list![self.b_mr.sge(0, 64)],
+                })
+                .unwrap();
+            self._a_qp
+                .post_send(SendWr {
+                    wr_id: i,
+                    op: SendOp::Send { imm: None },
+                    sg_list: sg_list![self.a_mr.sge(0, 8)],
+                    signaled: true,
+                    solicited: false,
+                    fence: false,
+                    inline: None,
+                })
+                .unwrap();
+            let c = self.a_scq.spin(Duration::from_secs(10)).unwrap();
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+            let c = self.b_scq.spin(Duration::from_secs(10)).unwrap();
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+
         fn sent(&self) {
             let c = self.b_scq.wait(Duration::from_secs(10)).unwrap();
             assert_eq!(
@@ -1890,6 +1915,29 @@ mod tests {
         );
     }
 
+    /// Steering RC responses apart is off unless asked for
+    /// (`RNIC_RESPONSE_SOCKET=on`): while a's engine thread watches for
+    /// requests and a thread polls, the responses stay on the one socket.
+    #[test]
+    fn responses_are_not_steered_apart_by_default() {
+        if std::env::var_os("RNIC_RESPONSE_SOCKET").is_some() {
+            return;
+        }
+        let p = pair_away();
+        let stays = p.a.engine.stays();
+        p.write();
+        p.sent();
+        assert_eq!(
+            p.a.engine.stays(),
+            stays + 1,
+            "the WRITE kept a's engine watching"
+        );
+        for i in 0..30 {
+            p.send_polled(i);
+            assert!(!p.a.engine.steering(), "steered at round trip {i}");
+        }
+    }
+
     /// While a's engine thread watches for requests (a WRITE waited for it:
     /// a program spinning on memory) and a thread polls, the ACKs of a's
     /// SENDs reach the polling thread without waking the engine thread
@@ -1898,30 +1946,6 @@ mod tests {
     fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
         let p = pair_away();
         p.a.engine.steer_when_staying(true);
-        // One SEND from a, polled for (bounded).
-        let round_trip = |i: u64| {
-            p.b_qp
-                .post_recv(RecvWr {
-                    wr_id: i,
-                    sg_list: sg_list![p.b_mr.sge(0, 64)],
-                })
-                .unwrap();
-            p._a_qp
-                .post_send(SendWr {
-                    wr_id: i,
-                    op: SendOp::Send { imm: None },
-                    sg_list: sg_list![p.a_mr.sge(0, 8)],
-                    signaled: true,
-                    solicited: false,
-                    fence: false,
-                    inline: None,
-                })
-                .unwrap();
-            let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
-            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
-            let c = p.b_scq.spin(Duration::from_secs(10)).unwrap();
-            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
-        };
         let mut tries = 0;
         loop {
             tries += 1;
@@ -1941,11 +1965,11 @@ mod tests {
                 if p.a.engine.steering() || p.a.engine.is_away() {
                     break;
                 }
-                round_trip(0);
+                p.send_polled(0);
             }
             let engine_took = p.a.engine.engine_packets();
             for i in 1..=20 {
-                round_trip(i);
+                p.send_polled(i);
             }
             let away = p.a.engine.is_away();
             if away && tries < 5 {
