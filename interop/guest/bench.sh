@@ -42,7 +42,11 @@ run() {
     src=$?
     echo "$1 $2 $crc $src" >>$out/results
     echo "$1 round $2: client $crc, server $src"
-    [ $crc = 0 ] && [ $src = 0 ] || failed=1
+    # A failed round of rnic fails the bench; one of rdma_rxe's own
+    # baseline is left out of the comparison (see interop/rxe-bench).
+    if [ $crc != 0 ] || [ $src != 0 ]; then
+        case $1 in rnic_*) failed=1 ;; esac
+    fi
 }
 
 port=18700
