@@ -1563,6 +1563,11 @@ impl Nic {
         }
     }
 
+    /// The datagrams built and not yet handed out, in order.
+    pub fn queued(&self) -> impl Iterator<Item = &Datagram> {
+        self.tx.iter()
+    }
+
     /// The next datagram already built (requests, ACKs, responses
     /// generated so far), generating nothing: with
     /// [`Nic::generate_burst`], what a transport that paces what the NIC

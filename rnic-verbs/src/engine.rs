@@ -115,7 +115,24 @@ pub(crate) struct EngineState {
     /// produced wait for the next poll (see [`Engine::post`] and
     /// [`Engine::progress`]).
     held_since: Option<Time>,
+    /// What is held is plain ACKs alone, waiting for the program's answer
+    /// (see [`EngineState::hold_for_answer`]).
+    held_for_answer: bool,
+    /// The program answers the requests it takes in: a post that sends
+    /// followed one that left ACKs to send within `answer_wait`, and no
+    /// ACK held for an answer has waited in vain since.
+    answers: bool,
+    /// When a batch taken in last left ACKs to send.
+    acked_at: Option<Time>,
+    /// [`ANSWER_WAIT`], or another in a test.
+    answer_wait: u64,
 }
+
+/// The longest the ACKs of requests wait for the program's answer (ns).
+/// A ping-pong answers within microseconds; a requester's ACK timeout is
+/// milliseconds (4.096 us x 2^timeout, and 14 to 19 are the usual
+/// settings).
+pub const ANSWER_WAIT: u64 = 100_000;
 
 impl EngineState {
     /// Destroy CQ `h` and its delivery (`ibv_destroy_cq`); refused while
@@ -194,7 +211,13 @@ impl EngineState {
     /// connection while it is answered.
     fn pump(&mut self, socket: &UdpSocket) {
         let now = self.now();
+        if self.held_for_answer && self.held_due().is_some_and(|t| t <= now) {
+            // No answer came: the next ACKs leave at once.
+            self.answers = false;
+            tracing::debug!("ACKs waited for an answer in vain: they leave at once from now on");
+        }
         self.held_since = None;
+        self.held_for_answer = false;
         let mut bursts = 0;
         loop {
             let mut tx = std::mem::take(&mut self.tx);
@@ -314,10 +337,18 @@ impl EngineState {
     /// Receive one batch from `rx` and run each packet through the NIC in
     /// arrival order, straight from the receive buffer. Then deliver
     /// completions and send what that produced (from `socket` and the other
-    /// UDP sockets), or, with `may_hold` (a poller's call while the engine
-    /// thread is away) when it delivered a completion, hold it for the
-    /// poller's next call (see [`Engine::progress`]).
-    fn receive(&mut self, rx: Rx<'_>, socket: &UdpSocket, may_hold: bool) -> Received {
+    /// UDP sockets), or hold it: if it is ACKs alone, the program polls or
+    /// posts (`program_active`) and answers requests, for its next post
+    /// (see [`EngineState::hold_for_answer`]); else, with `may_hold` (a
+    /// poller's call while the engine thread is away) when it delivered a
+    /// completion, for the poller's next call (see [`Engine::progress`]).
+    fn receive(
+        &mut self,
+        rx: Rx<'_>,
+        socket: &UdpSocket,
+        may_hold: bool,
+        program_active: bool,
+    ) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
         // errors: nothing to receive this round.
         let n = self.rx.recv(rx.fd()).unwrap_or_default();
@@ -406,12 +437,77 @@ impl EngineState {
                 }
             }
         }
-        if may_hold && self.may_hold() && self.deliver() > 0 {
+        let acks = self.only_acks_queued();
+        if acks {
+            self.acked_at = Some(now);
+        }
+        if acks && program_active && self.answers {
+            self.deliver();
+            self.hold_for_answer();
+        } else if may_hold && self.may_hold() && self.deliver() > 0 {
             self.hold();
         } else {
             self.pump(socket);
         }
         got
+    }
+
+    /// Whether what the NIC has queued is plain ACKs alone, few enough to
+    /// hold (see [`EngineState::may_hold`]).
+    fn only_acks_queued(&self) -> bool {
+        self.may_hold()
+            && self.nic.queued_datagrams() != Some(0)
+            && self.nic.queued().all(is_plain_ack)
+    }
+
+    /// Hold the queued ACKs for the program's answer: its next post that
+    /// sends something sends them behind it, in one system call; a poll
+    /// does not, and they leave on their own `answer_wait` after they
+    /// were held (then `answers` is unlearned).
+    ///
+    /// Why: a program that spins on memory for the peer's WRITE (a
+    /// ping-pong such as ib_write_lat) polls its completion queue only
+    /// for its own WRITE's ACK. Sent at once, the ACK of the peer's
+    /// request arrives alone, the peer stops polling, and its next
+    /// request lands in a socket nobody polls: an engine thread must wake
+    /// for it, on each side, every round trip. Behind the answer, it
+    /// arrives with the next request, which the peer's poll for that ACK
+    /// takes in: a round trip runs on the two polling threads alone.
+    /// TCP's delayed ACK does the same, for the same reason. Nothing is
+    /// lost: the requester's ACK timeout is milliseconds, and a later ACK
+    /// carries what an earlier one did.
+    fn hold_for_answer(&mut self) {
+        if self.held_since.is_none() {
+            self.held_since = Some(self.now());
+            self.held_for_answer = true;
+        }
+    }
+
+    /// A post that sends something came: if it follows ACKs a batch left
+    /// to send by less than `answer_wait`, the program answers.
+    fn posted(&mut self) {
+        if self.answers || self.nic.queued().all(is_plain_ack) {
+            return;
+        }
+        let now = self.now().0;
+        if self
+            .acked_at
+            .is_some_and(|t| now.saturating_sub(t.0) < self.answer_wait)
+        {
+            self.answers = true;
+            tracing::debug!("the program answers requests: their ACKs wait for the answer");
+        }
+    }
+
+    /// When what is held is due: at once, or, for ACKs held for an
+    /// answer, `answer_wait` after they were held.
+    fn held_due(&self) -> Option<Time> {
+        let t = self.held_since?;
+        Some(if self.held_for_answer {
+            Time(t.0.saturating_add(self.answer_wait))
+        } else {
+            t
+        })
     }
 
     /// Whether what the NIC has queued may wait for a poller's next call
@@ -431,6 +527,7 @@ impl EngineState {
         if self.held_since.is_none() && self.nic.queued_datagrams() != Some(0) {
             self.held_since = Some(self.now());
         }
+        self.held_for_answer &= self.only_acks_queued();
     }
 
     /// Run the timers that are due, then send what they produced; whether
@@ -450,7 +547,7 @@ impl EngineState {
     pub fn next_deadline(&self) -> Option<Time> {
         // Datagrams posts held back are due at once, whenever the engine
         // thread looks.
-        [self.timer_deadline(), self.held_since]
+        [self.timer_deadline(), self.held_due()]
             .into_iter()
             .flatten()
             .min()
@@ -662,12 +759,12 @@ impl Shared {
         if on {
             self.steered_once.store(true, Ordering::Relaxed);
             for _ in 0..STEER_DRAIN {
-                if st.receive(self.rx(), &self.socket, false).packets < crate::udp::BATCH {
+                if st.receive(self.rx(), &self.socket, false, false).packets < crate::udp::BATCH {
                     break;
                 }
             }
         } else if let Some(r) = self.responses_rx() {
-            while st.receive(r, &self.socket, false).packets > 0 {}
+            while st.receive(r, &self.socket, false, false).packets > 0 {}
         }
         self.steering.store(on, Ordering::SeqCst);
     }
@@ -1076,6 +1173,10 @@ impl Engine {
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
             held_since: None,
+            held_for_answer: false,
+            answers: false,
+            acked_at: None,
+            answer_wait: ANSWER_WAIT,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -1173,6 +1274,9 @@ impl Engine {
         let span = st.span.clone();
         let _entered = span.enter();
         let r = f(&mut st);
+        if may_hold {
+            st.posted();
+        }
         let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {
             st.hold();
             st.deliver();
@@ -1215,20 +1319,21 @@ impl Engine {
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
-        // What posts held back goes first: it is what the poller waits for.
-        let held = st.held_since.is_some();
+        // What posts held back goes first: it is what the poller waits for
+        // (ACKs held for an answer wait for a post, or their time).
+        let held = st.held_due().is_some_and(|t| t <= st.now());
         if held {
             st.pump(&sh.socket);
         }
         let away = sh.away.load(Ordering::SeqCst);
         // Requests (and, unless steered apart, responses), then the
         // responses steered apart.
-        let mut received = st.receive(sh.rx(), &sh.socket, away).packets;
+        let mut received = st.receive(sh.rx(), &sh.socket, away, true).packets;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            received += st.receive(r, &sh.socket, away).packets;
+            received += st.receive(r, &sh.socket, away, true).packets;
         }
         if received > 0 {
             sh.polled_packets
@@ -1268,6 +1373,16 @@ impl Engine {
     /// Whether datagrams posts produced wait for a poll.
     pub fn holding(&self) -> bool {
         self.shared.state.lock().held_since.is_some()
+    }
+    /// Whether ACKs wait for the program's answer, and whether it has
+    /// learned that the program answers.
+    pub fn answer(&self) -> (bool, bool) {
+        let st = self.shared.state.lock();
+        (st.held_for_answer, st.answers)
+    }
+    /// How long ACKs wait for an answer, at most (ns).
+    pub fn set_answer_wait(&self, ns: u64) {
+        self.shared.state.lock().answer_wait = ns;
     }
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {
@@ -1406,7 +1521,7 @@ fn run(sh: &Shared, realtime: bool) {
             sh.steer(sh.pinned(false));
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
-                let got = st.receive(r, &sh.socket, false);
+                let got = st.receive(r, &sh.socket, false, false);
                 parking_lot::MutexGuard::unlock_fair(st);
                 if got.packets > 0 {
                     sh.engine_packets
@@ -1436,7 +1551,8 @@ fn run(sh: &Shared, realtime: bool) {
                 // Handed on fairly: a thread waiting to post or poll gets
                 // the lock before the next batch of a flood.
                 let mut st = sh.state.lock();
-                let got = st.receive(rx, &sh.socket, false);
+                let active = Watch::pollers_about(sh.clock(), sh.last_active());
+                let got = st.receive(rx, &sh.socket, false, active);
                 parking_lot::MutexGuard::unlock_fair(st);
                 received += got.packets;
                 unpolled += got.unpolled;

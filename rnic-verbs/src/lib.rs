@@ -1915,6 +1915,133 @@ mod tests {
         );
     }
 
+    /// A WRITE from b with `tag` in its every byte, polled in on a until
+    /// it landed (bounded); no completion shows on a.
+    fn write_polled_in(p: &Pair, tag: u8) {
+        assert!(p.b_mr.write(0, &[tag; 8]));
+        p.write();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut landed = [0u8; 8];
+        loop {
+            assert!(p.a_scq.try_next().is_none());
+            assert!(p.a_target.read(0, &mut landed));
+            if landed == [tag; 8] {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the WRITE landed");
+        }
+    }
+
+    /// a's answer: a SEND to b (unsignaled), into a receive posted on b.
+    fn answer(p: &Pair) {
+        p.b_qp
+            .post_recv(RecvWr {
+                wr_id: 4,
+                sg_list: sg_list![p.b_mr.sge(0, 64)],
+            })
+            .unwrap();
+        p._a_qp
+            .post_send(SendWr {
+                wr_id: 5,
+                op: SendOp::Send { imm: None },
+                sg_list: sg_list![p.a_mr.sge(0, 8)],
+                signaled: false,
+                solicited: false,
+                fence: false,
+                inline: None,
+            })
+            .unwrap();
+    }
+
+    /// b's completions of its WRITE and of the receive a's answer filled,
+    /// in either order.
+    fn answered(p: &Pair) {
+        let mut ids = [0u64; 2];
+        for id in &mut ids {
+            let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
+            assert_eq!(c.status, WcStatus::Success);
+            *id = c.wr_id;
+        }
+        ids.sort();
+        assert_eq!(ids, [3, 4]);
+    }
+
+    /// Once a's program has answered a request a poll took in (posted
+    /// something to send soon after), the ACKs of the next requests its
+    /// polls take in wait for its answer, not for its next poll, and
+    /// leave with it; an answer that does not come in the answer wait
+    /// leaves them to go alone, and the engine unlearns it.
+    #[test]
+    fn the_ack_of_a_request_waits_for_the_program_s_answer() {
+        let p = pair_away();
+        p.a.engine.set_answer_wait(60_000_000_000);
+        // Nothing learned: the ACK leaves at once.
+        write_polled_in(&p, 1);
+        assert_eq!(p.a.engine.answer(), (false, false));
+        p.sent();
+        answer(&p);
+        assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
+        assert!(p.a_scq.try_next().is_none());
+        let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        // Learned: the next ACK waits, polls or no polls.
+        write_polled_in(&p, 2);
+        assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
+        for _ in 0..1000 {
+            assert!(p.a_scq.try_next().is_none());
+        }
+        assert!(p.a.engine.answer().0, "a poll does not send it");
+        assert!(
+            p.b_scq.wait(Duration::from_millis(20)).is_err(),
+            "b's WRITE is not acknowledged before the answer"
+        );
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        assert!(!p.a.engine.holding(), "the answer took it along");
+        answered(&p);
+        // No answer: the ACK leaves on its own after the wait, and the
+        // next one leaves at once.
+        p.a.engine.set_answer_wait(5_000_000);
+        write_polled_in(&p, 3);
+        assert_eq!(p.a.engine.answer(), (true, true));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while p.a.engine.holding() {
+            assert!(p.a_scq.try_next().is_none());
+            assert!(std::time::Instant::now() < deadline, "bounded");
+        }
+        p.sent();
+        assert_eq!(p.a.engine.answer(), (false, false), "unlearned");
+        write_polled_in(&p, 4);
+        assert!(!p.a.engine.holding(), "the ACK left at once");
+        p.sent();
+        assert_eq!(p.b_qp.dev.counters().unwrap().completer_retry_err, 0);
+    }
+
+    /// A new NIC has learned nothing: a request taken in while its
+    /// program polls is acknowledged at once. And one the engine thread
+    /// takes in while no thread of the program polls or posts is
+    /// acknowledged at once, though the program answered before: nobody
+    /// is there to answer now.
+    #[test]
+    fn the_ack_waits_for_no_answer_while_nobody_polls() {
+        let p = pair();
+        p.a.engine.set_answer_wait(60_000_000_000);
+        write_polled_in(&p, 1);
+        assert_eq!(p.a.engine.answer(), (false, false), "nothing learned");
+        p.sent();
+        answer(&p);
+        assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
+        let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        // Longer than a poller counts as about (watch::AWAY_MAX).
+        std::thread::sleep(Duration::from_millis(5));
+        for _ in 0..3 {
+            p.write();
+            p.sent();
+        }
+        assert_eq!(p.a.engine.answer(), (false, true));
+    }
+
     /// Steering RC responses apart is off unless asked for
     /// (`RNIC_RESPONSE_SOCKET=on`): while a's engine thread watches for
     /// requests and a thread polls, the responses stay on the one socket.
