@@ -118,21 +118,35 @@ pub(crate) struct EngineState {
     /// What is held is plain ACKs alone, waiting for the program's answer
     /// (see [`EngineState::hold_for_answer`]).
     held_for_answer: bool,
-    /// The program answers the requests it takes in: a post that sends
-    /// followed one that left ACKs to send within `answer_wait`, and no
-    /// ACK held for an answer has waited in vain since.
-    answers: bool,
-    /// When a batch taken in last left ACKs to send.
+    /// How well the program answers the requests it takes in (0 to
+    /// [`ANSWER_SCORE`]): up by one for each post that sends within
+    /// `answer_quick` of a batch that left ACKs to send, down by one for
+    /// a later one that took held ACKs along, to 0 when held ACKs waited
+    /// in vain. ACKs wait for an answer while it is above 0.
+    answers: u8,
+    /// When a batch taken in last left ACKs to send, until a post
+    /// counted it.
     acked_at: Option<Time>,
-    /// [`ANSWER_WAIT`], or another in a test.
+    /// [`ANSWER_QUICK`] and [`ANSWER_WAIT`], or others in a test.
+    answer_quick: u64,
     answer_wait: u64,
 }
 
-/// The longest the ACKs of requests wait for the program's answer (ns).
-/// A ping-pong answers within microseconds; a requester's ACK timeout is
-/// milliseconds (4.096 us x 2^timeout, and 14 to 19 are the usual
-/// settings).
-pub const ANSWER_WAIT: u64 = 100_000;
+/// A post that sends this soon after requests were taken in (ns) answers
+/// them, as a ping-pong does: a few microseconds, or a scheduler's
+/// hiccup.
+pub const ANSWER_QUICK: u64 = 100_000;
+/// The longest ACKs wait for the program's answer (ns): a ping-pong's
+/// answer held up by the scheduler still takes them along, and a program
+/// that stops answering delays one ACK by this much, no more than it
+/// delays what its posts left for its next poll (`watch::AWAY_MAX`). A
+/// requester's ACK timeout is milliseconds (4.096 us x 2^timeout, 14 to
+/// 19 being the usual settings).
+pub const ANSWER_WAIT: u64 = crate::watch::AWAY_MAX;
+/// The most [`EngineState::answers`] counts up to: a program that has
+/// answered quickly for a while keeps its ACKs waiting through a few slow
+/// answers.
+const ANSWER_SCORE: u8 = 8;
 
 impl EngineState {
     /// Destroy CQ `h` and its delivery (`ibv_destroy_cq`); refused while
@@ -213,7 +227,7 @@ impl EngineState {
         let now = self.now();
         if self.held_for_answer && self.held_due().is_some_and(|t| t <= now) {
             // No answer came: the next ACKs leave at once.
-            self.answers = false;
+            self.answers = 0;
             tracing::debug!("ACKs waited for an answer in vain: they leave at once from now on");
         }
         self.held_since = None;
@@ -441,7 +455,7 @@ impl EngineState {
         if acks {
             self.acked_at = Some(now);
         }
-        if acks && program_active && self.answers {
+        if acks && program_active && self.answers > 0 {
             self.deliver();
             self.hold_for_answer();
         } else if may_hold && self.may_hold() && self.deliver() > 0 {
@@ -463,7 +477,7 @@ impl EngineState {
     /// Hold the queued ACKs for the program's answer: its next post that
     /// sends something sends them behind it, in one system call; a poll
     /// does not, and they leave on their own `answer_wait` after they
-    /// were held (then `answers` is unlearned).
+    /// were held (and the engine unlearns that the program answers).
     ///
     /// Why: a program that spins on memory for the peer's WRITE (a
     /// ping-pong such as ib_write_lat) polls its completion queue only
@@ -483,18 +497,22 @@ impl EngineState {
         }
     }
 
-    /// A post that sends something came: if it follows ACKs a batch left
-    /// to send by less than `answer_wait`, the program answers.
+    /// A post came: if it sends something, score how soon it followed
+    /// the last batch that left ACKs to send (see `answers`).
     fn posted(&mut self) {
-        if self.answers || self.nic.queued().all(is_plain_ack) {
+        if self.nic.queued().all(is_plain_ack) {
             return;
         }
-        let now = self.now().0;
-        if self
-            .acked_at
-            .is_some_and(|t| now.saturating_sub(t.0) < self.answer_wait)
-        {
-            self.answers = true;
+        let Some(acked) = self.acked_at.take() else {
+            return;
+        };
+        let was = self.answers;
+        if self.now().0.saturating_sub(acked.0) <= self.answer_quick {
+            self.answers = (self.answers + 1).min(ANSWER_SCORE);
+        } else if self.held_for_answer {
+            self.answers = self.answers.saturating_sub(1);
+        }
+        if was == 0 && self.answers > 0 {
             tracing::debug!("the program answers requests: their ACKs wait for the answer");
         }
     }
@@ -1174,8 +1192,9 @@ impl Engine {
             gso_deltas: None,
             held_since: None,
             held_for_answer: false,
-            answers: false,
+            answers: 0,
             acked_at: None,
+            answer_quick: ANSWER_QUICK,
             answer_wait: ANSWER_WAIT,
         };
         let shared = Arc::new(Shared {
@@ -1378,11 +1397,13 @@ impl Engine {
     /// learned that the program answers.
     pub fn answer(&self) -> (bool, bool) {
         let st = self.shared.state.lock();
-        (st.held_for_answer, st.answers)
+        (st.held_for_answer, st.answers > 0)
     }
-    /// How long ACKs wait for an answer, at most (ns).
-    pub fn set_answer_wait(&self, ns: u64) {
-        self.shared.state.lock().answer_wait = ns;
+    /// How soon a post answers, and how long ACKs wait for one (ns).
+    pub fn set_answer_times(&self, quick: u64, wait: u64) {
+        let mut st = self.shared.state.lock();
+        st.answer_quick = quick;
+        st.answer_wait = wait;
     }
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {

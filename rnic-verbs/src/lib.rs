@@ -1969,21 +1969,21 @@ mod tests {
     /// Once a's program has answered a request a poll took in (posted
     /// something to send soon after), the ACKs of the next requests its
     /// polls take in wait for its answer, not for its next poll, and
-    /// leave with it; an answer that does not come in the answer wait
-    /// leaves them to go alone, and the engine unlearns it.
+    /// leave with it. Slow answers still take them along but count down
+    /// to leaving them alone; an answer that does not come in the answer
+    /// wait leaves them to go alone, and the engine unlearns at once.
     #[test]
     fn the_ack_of_a_request_waits_for_the_program_s_answer() {
+        const LONG: u64 = 60_000_000_000;
         let p = pair_away();
-        p.a.engine.set_answer_wait(60_000_000_000);
+        p.a.engine.set_answer_times(LONG, LONG);
         // Nothing learned: the ACK leaves at once.
         write_polled_in(&p, 1);
         assert_eq!(p.a.engine.answer(), (false, false));
-        p.sent();
         answer(&p);
         assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
         assert!(p.a_scq.try_next().is_none());
-        let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
-        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        answered(&p);
         // Learned: the next ACK waits, polls or no polls.
         write_polled_in(&p, 2);
         assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
@@ -1999,10 +1999,27 @@ mod tests {
         assert!(p.a_scq.try_next().is_none());
         assert!(!p.a.engine.holding(), "the answer took it along");
         answered(&p);
-        // No answer: the ACK leaves on its own after the wait, and the
-        // next one leaves at once.
-        p.a.engine.set_answer_wait(5_000_000);
-        write_polled_in(&p, 3);
+        // After two quick answers, two slow ones: the ACKs wait for both,
+        // and the next leaves at once.
+        p.a.engine.set_answer_times(0, LONG);
+        for tag in [3, 4] {
+            write_polled_in(&p, tag);
+            assert_eq!(p.a.engine.answer(), (true, true), "{tag}");
+            answer(&p);
+            assert!(p.a_scq.try_next().is_none());
+            answered(&p);
+        }
+        write_polled_in(&p, 5);
+        assert_eq!(p.a.engine.answer(), (false, false), "counted down");
+        p.sent();
+        // Learned again; then no answer: the ACK leaves on its own after
+        // the wait, and the next one leaves at once.
+        p.a.engine.set_answer_times(LONG, 5_000_000);
+        write_polled_in(&p, 6);
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        answered(&p);
+        write_polled_in(&p, 7);
         assert_eq!(p.a.engine.answer(), (true, true));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while p.a.engine.holding() {
@@ -2011,7 +2028,7 @@ mod tests {
         }
         p.sent();
         assert_eq!(p.a.engine.answer(), (false, false), "unlearned");
-        write_polled_in(&p, 4);
+        write_polled_in(&p, 8);
         assert!(!p.a.engine.holding(), "the ACK left at once");
         p.sent();
         assert_eq!(p.b_qp.dev.counters().unwrap().completer_retry_err, 0);
@@ -2025,7 +2042,7 @@ mod tests {
     #[test]
     fn the_ack_waits_for_no_answer_while_nobody_polls() {
         let p = pair();
-        p.a.engine.set_answer_wait(60_000_000_000);
+        p.a.engine.set_answer_times(60_000_000_000, 60_000_000_000);
         write_polled_in(&p, 1);
         assert_eq!(p.a.engine.answer(), (false, false), "nothing learned");
         p.sent();
