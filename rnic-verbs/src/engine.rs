@@ -119,23 +119,22 @@ pub(crate) struct EngineState {
     /// (see [`EngineState::hold_for_answer`]).
     held_for_answer: bool,
     /// How well the program answers the requests it takes in (0 to
-    /// [`ANSWER_SCORE`]): up by one for each post that sends within
-    /// `answer_quick` of a batch that left ACKs to send, down by one for
-    /// a later one that took held ACKs along, to 0 when held ACKs waited
-    /// in vain. ACKs wait for an answer while it is above 0.
+    /// [`ANSWER_SCORE`]): up by one for each post that sends after a
+    /// batch left ACKs to send and before the program polled an empty
+    /// queue (what a ping-pong does: it answers what it was handed, on
+    /// any CPU, however fast), down by one for a later one that took held
+    /// ACKs along, to 0 when held ACKs waited in vain. ACKs wait for an
+    /// answer while it is above 0.
     answers: u8,
-    /// When a batch taken in last left ACKs to send, until a post
-    /// counted it.
-    acked_at: Option<Time>,
-    /// [`ANSWER_QUICK`] and [`ANSWER_WAIT`], or others in a test.
-    answer_quick: u64,
+    /// Polls that found nothing to take in and nothing to send, ever.
+    empty_polls: u64,
+    /// `empty_polls` when a batch taken in last left ACKs to send, until
+    /// a post counted it.
+    acked_at: Option<u64>,
+    /// [`ANSWER_WAIT`], or another in a test.
     answer_wait: u64,
 }
 
-/// A post that sends this soon after requests were taken in (ns) answers
-/// them, as a ping-pong does: a few microseconds, or a scheduler's
-/// hiccup.
-pub const ANSWER_QUICK: u64 = 100_000;
 /// The longest ACKs wait for the program's answer (ns): a ping-pong's
 /// answer held up by the scheduler still takes them along, and a program
 /// that stops answering delays one ACK by this much, no more than it
@@ -453,7 +452,7 @@ impl EngineState {
         }
         let acks = self.only_acks_queued();
         if acks {
-            self.acked_at = Some(now);
+            self.acked_at = Some(self.empty_polls);
         }
         if acks && program_active && self.answers > 0 {
             self.deliver();
@@ -507,7 +506,7 @@ impl EngineState {
             return;
         };
         let was = self.answers;
-        if self.now().0.saturating_sub(acked.0) <= self.answer_quick {
+        if acked == self.empty_polls {
             self.answers = (self.answers + 1).min(ANSWER_SCORE);
         } else if self.held_for_answer {
             self.answers = self.answers.saturating_sub(1);
@@ -1193,8 +1192,8 @@ impl Engine {
             held_since: None,
             held_for_answer: false,
             answers: 0,
+            empty_polls: 0,
             acked_at: None,
-            answer_quick: ANSWER_QUICK,
             answer_wait: ANSWER_WAIT,
         };
         let shared = Arc::new(Shared {
@@ -1363,6 +1362,7 @@ impl Engine {
             worked |= st.run_due_timers(&sh.socket);
         }
         if !worked {
+            st.empty_polls += 1;
             return;
         }
         // What this poll held does not wake the engine thread; its timers do.
@@ -1399,11 +1399,9 @@ impl Engine {
         let st = self.shared.state.lock();
         (st.held_for_answer, st.answers > 0)
     }
-    /// How soon a post answers, and how long ACKs wait for one (ns).
-    pub fn set_answer_times(&self, quick: u64, wait: u64) {
-        let mut st = self.shared.state.lock();
-        st.answer_quick = quick;
-        st.answer_wait = wait;
+    /// How long ACKs wait for an answer (ns).
+    pub fn set_answer_wait(&self, wait: u64) {
+        self.shared.state.lock().answer_wait = wait;
     }
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {

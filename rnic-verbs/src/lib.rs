@@ -1915,19 +1915,20 @@ mod tests {
         );
     }
 
-    /// A WRITE from b with `tag` in its every byte, polled in on a until
-    /// it landed (bounded); no completion shows on a.
+    /// A WRITE from b with `tag` in its every byte, polled for on a until
+    /// it landed (bounded), as a ping-pong waits: memory first, then a
+    /// poll. No completion shows on a.
     fn write_polled_in(p: &Pair, tag: u8) {
         assert!(p.b_mr.write(0, &[tag; 8]));
         p.write();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut landed = [0u8; 8];
         loop {
-            assert!(p.a_scq.try_next().is_none());
             assert!(p.a_target.read(0, &mut landed));
             if landed == [tag; 8] {
                 return;
             }
+            assert!(p.a_scq.try_next().is_none());
             assert!(std::time::Instant::now() < deadline, "the WRITE landed");
         }
     }
@@ -1969,14 +1970,15 @@ mod tests {
     /// Once a's program has answered a request a poll took in (posted
     /// something to send soon after), the ACKs of the next requests its
     /// polls take in wait for its answer, not for its next poll, and
-    /// leave with it. Slow answers still take them along but count down
-    /// to leaving them alone; an answer that does not come in the answer
-    /// wait leaves them to go alone, and the engine unlearns at once.
+    /// leave with it. Answers after an empty poll still take them along
+    /// but count down to leaving them alone; an answer that does not come
+    /// in the answer wait leaves them to go alone, and the engine
+    /// unlearns at once.
     #[test]
     fn the_ack_of_a_request_waits_for_the_program_s_answer() {
         const LONG: u64 = 60_000_000_000;
         let p = pair_away();
-        p.a.engine.set_answer_times(LONG, LONG);
+        p.a.engine.set_answer_wait(LONG);
         // Nothing learned: the ACK leaves at once.
         write_polled_in(&p, 1);
         assert_eq!(p.a.engine.answer(), (false, false));
@@ -1984,8 +1986,18 @@ mod tests {
         assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
         assert!(p.a_scq.try_next().is_none());
         answered(&p);
-        // Learned: the next ACK waits, polls or no polls.
+        // Learned: the next ACK waits for the answer.
         write_polled_in(&p, 2);
+        assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        assert!(!p.a.engine.holding(), "the answer took it along");
+        answered(&p);
+        // Polls do not send it; an answer after them (the program
+        // answering something else) still takes it along, but counts
+        // down: after two quick answers, two such, and the next ACK leaves
+        // at once.
+        write_polled_in(&p, 3);
         assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
         for _ in 0..1000 {
             assert!(p.a_scq.try_next().is_none());
@@ -1999,22 +2011,18 @@ mod tests {
         assert!(p.a_scq.try_next().is_none());
         assert!(!p.a.engine.holding(), "the answer took it along");
         answered(&p);
-        // After two quick answers, two slow ones: the ACKs wait for both,
-        // and the next leaves at once.
-        p.a.engine.set_answer_times(0, LONG);
-        for tag in [3, 4] {
-            write_polled_in(&p, tag);
-            assert_eq!(p.a.engine.answer(), (true, true), "{tag}");
-            answer(&p);
-            assert!(p.a_scq.try_next().is_none());
-            answered(&p);
-        }
+        write_polled_in(&p, 4);
+        assert_eq!(p.a.engine.answer(), (true, true), "one count left");
+        assert!(p.a_scq.try_next().is_none());
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        answered(&p);
         write_polled_in(&p, 5);
         assert_eq!(p.a.engine.answer(), (false, false), "counted down");
         p.sent();
         // Learned again; then no answer: the ACK leaves on its own after
         // the wait, and the next one leaves at once.
-        p.a.engine.set_answer_times(LONG, 5_000_000);
+        p.a.engine.set_answer_wait(5_000_000);
         write_polled_in(&p, 6);
         answer(&p);
         assert!(p.a_scq.try_next().is_none());
@@ -2042,14 +2050,12 @@ mod tests {
     #[test]
     fn the_ack_waits_for_no_answer_while_nobody_polls() {
         let p = pair();
-        p.a.engine.set_answer_times(60_000_000_000, 60_000_000_000);
+        p.a.engine.set_answer_wait(60_000_000_000);
         write_polled_in(&p, 1);
         assert_eq!(p.a.engine.answer(), (false, false), "nothing learned");
-        p.sent();
         answer(&p);
         assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
-        let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
-        assert_eq!((c.wr_id, c.status), (4, WcStatus::Success));
+        answered(&p);
         // Longer than a poller counts as about (watch::AWAY_MAX).
         std::thread::sleep(Duration::from_millis(5));
         for _ in 0..3 {
