@@ -496,12 +496,9 @@ impl EngineState {
         }
     }
 
-    /// A post came: if it sends something, score how soon it followed
-    /// the last batch that left ACKs to send (see `answers`).
+    /// A post that sends something came: score how soon it followed the
+    /// last batch that left ACKs to send (see `answers`).
     fn posted(&mut self) {
-        if self.nic.queued().all(is_plain_ack) {
-            return;
-        }
         let Some(acked) = self.acked_at.take() else {
             return;
         };
@@ -1291,8 +1288,11 @@ impl Engine {
         let mut st = sh.state.lock();
         let span = st.span.clone();
         let _entered = span.enter();
+        // A send post queues requests (or gives its QP more to build):
+        // what counts as an answer; a receive posted does not.
+        let queued = st.nic.queued_datagrams();
         let r = f(&mut st);
-        if may_hold {
+        if may_hold && queued.is_some_and(|q| st.nic.queued_datagrams().is_none_or(|now| now > q)) {
             st.posted();
         }
         let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {

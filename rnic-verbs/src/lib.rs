@@ -2019,6 +2019,18 @@ mod tests {
         answered(&p);
         write_polled_in(&p, 5);
         assert_eq!(p.a.engine.answer(), (false, false), "counted down");
+        // A receive posted sends nothing: no answer.
+        p._a_qp
+            .post_recv(RecvWr {
+                wr_id: 6,
+                sg_list: sg_list![p.a_mr.sge(0, 64)],
+            })
+            .unwrap();
+        assert_eq!(
+            p.a.engine.answer(),
+            (false, false),
+            "a receive is no answer"
+        );
         p.sent();
         // Learned again; then no answer: the ACK leaves on its own after
         // the wait, and the next one leaves at once.
