@@ -113,7 +113,7 @@ pub(crate) struct EngineState {
     gso_deltas: Option<IdDeltas>,
     /// Since when datagrams a post, or a poll that took in a completion,
     /// produced wait for the next poll (see [`Engine::post`] and
-    /// [`Engine::progress`]).
+    /// [`Engine::progress`]), or ACKs for the program's answer.
     held_since: Option<Time>,
     /// What is held is plain ACKs alone, waiting for the program's answer
     /// (see [`EngineState::hold_for_answer`]).
@@ -130,7 +130,7 @@ pub(crate) struct EngineState {
     empty_polls: u64,
     /// `empty_polls` when a batch taken in last left ACKs to send, until
     /// a post counted it.
-    acked_at: Option<u64>,
+    acked_after: Option<u64>,
     /// [`ANSWER_WAIT`], or another in a test.
     answer_wait: u64,
 }
@@ -452,7 +452,7 @@ impl EngineState {
         }
         let acks = self.only_acks_queued();
         if acks {
-            self.acked_at = Some(self.empty_polls);
+            self.acked_after = Some(self.empty_polls);
         }
         if acks && program_active && self.answers > 0 {
             self.deliver();
@@ -496,10 +496,11 @@ impl EngineState {
         }
     }
 
-    /// A post that sends something came: score how soon it followed the
-    /// last batch that left ACKs to send (see `answers`).
+    /// A post that sends something came: score it, by whether the
+    /// program polled an empty queue since the last batch that left ACKs
+    /// to send (see `answers`).
     fn posted(&mut self) {
-        let Some(acked) = self.acked_at.take() else {
+        let Some(acked) = self.acked_after.take() else {
             return;
         };
         let was = self.answers;
@@ -560,7 +561,7 @@ impl EngineState {
     /// release.
     pub fn next_deadline(&self) -> Option<Time> {
         // Datagrams posts held back are due at once, whenever the engine
-        // thread looks.
+        // thread looks; ACKs held for an answer at the end of the wait.
         [self.timer_deadline(), self.held_due()]
             .into_iter()
             .flatten()
@@ -1190,7 +1191,7 @@ impl Engine {
             held_for_answer: false,
             answers: 0,
             empty_polls: 0,
-            acked_at: None,
+            acked_after: None,
             answer_wait: ANSWER_WAIT,
         };
         let shared = Arc::new(Shared {
@@ -1292,7 +1293,7 @@ impl Engine {
         // what counts as an answer; a receive posted does not.
         let queued = st.nic.queued_datagrams();
         let r = f(&mut st);
-        if may_hold && queued.is_some_and(|q| st.nic.queued_datagrams().is_none_or(|now| now > q)) {
+        if may_hold && queued.is_some_and(|q| st.nic.queued_datagrams().is_none_or(|n| n > q)) {
             st.posted();
         }
         let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {
@@ -1331,6 +1332,9 @@ impl Engine {
     /// ACK's system call delaying the answer. A program that polls for
     /// anything at all sends it at its next poll; one that stops polling
     /// leaves it to the engine thread, at most `watch::AWAY_MAX` later.
+    /// Once the program has shown that it answers what it takes in, ACKs
+    /// wait for the answer itself, and a poll leaves them waiting (see
+    /// [`EngineState::hold_for_answer`]).
     pub fn progress(&self) {
         let sh = &*self.shared;
         sh.active();
