@@ -1571,25 +1571,40 @@ mod tests {
         }
     }
 
+    /// A receive (`ids.0`) posted on `to`'s QP over its region's first 64
+    /// bytes, then a SEND (`ids.1`) of `from`'s region's first 8 into it.
+    fn send_one(
+        from: (&QueuePair, &MemoryRegion),
+        to: (&QueuePair, &MemoryRegion),
+        ids: (u64, u64),
+        signaled: bool,
+    ) {
+        to.0.post_recv(RecvWr {
+            wr_id: ids.0,
+            sg_list: sg_list![to.1.sge(0, 64)],
+        })
+        .unwrap();
+        from.0
+            .post_send(SendWr {
+                wr_id: ids.1,
+                op: SendOp::Send { imm: None },
+                sg_list: sg_list![from.1.sge(0, 8)],
+                signaled,
+                solicited: false,
+                fence: false,
+                inline: None,
+            })
+            .unwrap();
+    }
+
     impl Pair {
         fn post(&self) {
-            self._a_qp
-                .post_recv(RecvWr {
-                    wr_id: 1,
-                    sg_list: sg_list![self.a_mr.sge(0, 64)],
-                })
-                .unwrap();
-            self.b_qp
-                .post_send(SendWr {
-                    wr_id: 2,
-                    op: SendOp::Send { imm: None },
-                    sg_list: sg_list![self.b_mr.sge(0, 8)],
-                    signaled: true,
-                    solicited: false,
-                    fence: false,
-                    inline: None,
-                })
-                .unwrap();
+            send_one(
+                (&self.b_qp, &self.b_mr),
+                (&self._a_qp, &self.a_mr),
+                (1, 2),
+                true,
+            );
         }
 
         /// One WRITE from b into `a_target`.
@@ -1613,23 +1628,12 @@ mod tests {
 
         /// One SEND from a to b, both sides' completions spun for (bounded).
         fn send_polled(&self, i: u64) {
-            self.b_qp
-                .post_recv(RecvWr {
-                    wr_id: i,
-                    sg_list: sg_list![self.b_mr.sge(0, 64)],
-                })
-                .unwrap();
-            self._a_qp
-                .post_send(SendWr {
-                    wr_id: i,
-                    op: SendOp::Send { imm: None },
-                    sg_list: sg_list![self.a_mr.sge(0, 8)],
-                    signaled: true,
-                    solicited: false,
-                    fence: false,
-                    inline: None,
-                })
-                .unwrap();
+            send_one(
+                (&self._a_qp, &self.a_mr),
+                (&self.b_qp, &self.b_mr),
+                (i, i),
+                true,
+            );
             let c = self.a_scq.spin(Duration::from_secs(10)).unwrap();
             assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
             let c = self.b_scq.spin(Duration::from_secs(10)).unwrap();
@@ -1824,23 +1828,12 @@ mod tests {
     #[test]
     fn posts_wait_for_the_next_poll_while_a_thread_polls() {
         fn send(p: &Pair, wr_id: u64) {
-            p.b_qp
-                .post_recv(RecvWr {
-                    wr_id,
-                    sg_list: sg_list![p.b_mr.sge(0, 64)],
-                })
-                .unwrap();
-            p._a_qp
-                .post_send(SendWr {
-                    wr_id,
-                    op: SendOp::Send { imm: None },
-                    sg_list: sg_list![p.a_mr.sge(0, 8)],
-                    signaled: false,
-                    solicited: false,
-                    fence: false,
-                    inline: None,
-                })
-                .unwrap();
+            send_one(
+                (&p._a_qp, &p.a_mr),
+                (&p.b_qp, &p.b_mr),
+                (wr_id, wr_id),
+                false,
+            );
         }
         fn received(p: &Pair, wr_id: u64) {
             let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
@@ -1935,23 +1928,7 @@ mod tests {
 
     /// a's answer: a SEND to b (unsignaled), into a receive posted on b.
     fn answer(p: &Pair) {
-        p.b_qp
-            .post_recv(RecvWr {
-                wr_id: 4,
-                sg_list: sg_list![p.b_mr.sge(0, 64)],
-            })
-            .unwrap();
-        p._a_qp
-            .post_send(SendWr {
-                wr_id: 5,
-                op: SendOp::Send { imm: None },
-                sg_list: sg_list![p.a_mr.sge(0, 8)],
-                signaled: false,
-                solicited: false,
-                fence: false,
-                inline: None,
-            })
-            .unwrap();
+        send_one((&p._a_qp, &p.a_mr), (&p.b_qp, &p.b_mr), (4, 5), false);
     }
 
     /// b's completions of its WRITE and of the receive a's answer filled,
