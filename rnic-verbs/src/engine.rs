@@ -121,8 +121,8 @@ pub(crate) struct EngineState {
     /// How well the program answers the requests it takes in (0 to
     /// [`ANSWER_SCORE`]): up by one for each post that sends after a
     /// batch left ACKs to send and before the program polled an empty
-    /// queue (what a ping-pong does: it answers what it was handed, on
-    /// any CPU, however fast), down by one for a later one that took held
+    /// queue since (what a ping-pong does: it answers what it was handed,
+    /// on any CPU, however fast), down by one for a later one that took held
     /// ACKs along, to 0 when held ACKs waited in vain. ACKs wait for an
     /// answer while it is above 0.
     answers: u8,
@@ -242,9 +242,7 @@ impl EngineState {
                     None => break,
                 }
             }
-            if self.gso {
-                acks_last(&mut tx);
-            }
+            acks_last(&mut tx);
             if let Some(imp) = &mut self.impair {
                 // What was held and is due leaves first, then what the NIC
                 // sent now, as the impairment decides.
@@ -912,7 +910,9 @@ fn is_plain_ack(d: &Datagram) -> bool {
 /// one system call, each kind in its order. Between a connection's data
 /// packets an ACK would cut a GSO send in two; after it, it ends one: the
 /// ACK a ping-pong's answer follows leaves in the answer's send, one
-/// datagram through the stack instead of two. Nothing is lost by it: the
+/// datagram through the stack instead of two. Without GSO the answer
+/// still arrives first, so the peer, polling for that ACK, has taken the
+/// answer in when the ACK hands it its completion. Nothing is lost by it: the
 /// ACK leaves in the same system call, a later ACK of the same QP carries
 /// everything an earlier one did, and a READ response it now follows
 /// acknowledges what came before it too. NAKs keep their place.
@@ -1452,6 +1452,11 @@ impl Engine {
             )
             .expect("SO_NO_CHECK");
         }
+    }
+    /// Send one datagram per message from now on, as where GSO is off.
+    #[cfg(test)]
+    pub(crate) fn set_gso(&self, on: bool) {
+        self.shared.state.lock().gso = on;
     }
     /// Packets the engine thread took in, ever.
     pub fn engine_packets(&self) -> u64 {

@@ -2031,6 +2031,40 @@ mod tests {
         assert_eq!(p.b_qp.dev.counters().unwrap().completer_retry_err, 0);
     }
 
+    /// Without GSO too, ACKs held for the answer leave behind it: the
+    /// peer, polling for the ACK, has taken the answer in by the time the
+    /// ACK hands it its completion (ahead of it, the peer stopped polling
+    /// with the answer still on its way).
+    #[test]
+    fn without_gso_the_answer_leaves_before_the_ack() {
+        let p = pair_away();
+        p.a.engine.set_gso(false);
+        p.a.engine.set_answer_wait(60_000_000_000);
+        write_polled_in(&p, 1);
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        answered(&p);
+        let tap = p.a.tap().unwrap();
+        write_polled_in(&p, 2);
+        assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
+        answer(&p);
+        assert!(p.a_scq.try_next().is_none());
+        answered(&p);
+        let sent: Vec<u8> = tap
+            .try_iter()
+            .filter(|e| e.sent)
+            .filter_map(|e| e.datagram.payload.first().copied())
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                rnic_wire::Opcode::RC_SEND_ONLY.0,
+                rnic_wire::Opcode::RC_ACKNOWLEDGE.0
+            ],
+            "the answer, then the ACK"
+        );
+    }
+
     /// A new NIC has learned nothing: a request taken in while its
     /// program polls is acknowledged at once. And one the engine thread
     /// takes in while no thread of the program polls or posts is
