@@ -1931,6 +1931,15 @@ mod tests {
         send_one((&p._a_qp, &p.a_mr), (&p.b_qp, &p.b_mr), (4, 5), false);
     }
 
+    /// a's answer, then a's next poll, which sends it with the ACKs it
+    /// took along, and b's completions of both.
+    fn answer_polled(p: &Pair) {
+        answer(p);
+        assert!(p.a_scq.try_next().is_none());
+        assert!(!p.a.engine.holding(), "the answer took them along");
+        answered(p);
+    }
+
     /// b's completions of its WRITE and of the receive a's answer filled,
     /// in either order.
     fn answered(p: &Pair) {
@@ -1959,17 +1968,12 @@ mod tests {
         // Nothing learned: the ACK leaves at once.
         write_polled_in(&p, 1);
         assert_eq!(p.a.engine.answer(), (false, false));
-        answer(&p);
+        answer_polled(&p);
         assert_eq!(p.a.engine.answer(), (false, true), "the program answers");
-        assert!(p.a_scq.try_next().is_none());
-        answered(&p);
         // Learned: the next ACK waits for the answer.
         write_polled_in(&p, 2);
         assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        assert!(!p.a.engine.holding(), "the answer took it along");
-        answered(&p);
+        answer_polled(&p);
         // Polls do not send it; an answer after them (the program
         // answering something else) still takes it along, but counts
         // down: after two quick answers, two such, and the next ACK leaves
@@ -1984,16 +1988,11 @@ mod tests {
             p.b_scq.wait(Duration::from_millis(20)).is_err(),
             "b's WRITE is not acknowledged before the answer"
         );
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        assert!(!p.a.engine.holding(), "the answer took it along");
-        answered(&p);
+        answer_polled(&p);
         write_polled_in(&p, 4);
         assert_eq!(p.a.engine.answer(), (true, true), "one count left");
         assert!(p.a_scq.try_next().is_none());
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        answered(&p);
+        answer_polled(&p);
         write_polled_in(&p, 5);
         assert_eq!(p.a.engine.answer(), (false, false), "counted down");
         // A receive posted sends nothing: no answer.
@@ -2013,9 +2012,7 @@ mod tests {
         // the wait, and the next one leaves at once.
         p.a.engine.set_answer_wait(5_000_000);
         write_polled_in(&p, 6);
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        answered(&p);
+        answer_polled(&p);
         write_polled_in(&p, 7);
         assert_eq!(p.a.engine.answer(), (true, true));
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -2041,15 +2038,11 @@ mod tests {
         p.a.engine.set_gso(false);
         p.a.engine.set_answer_wait(60_000_000_000);
         write_polled_in(&p, 1);
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        answered(&p);
+        answer_polled(&p);
         let tap = p.a.tap().unwrap();
         write_polled_in(&p, 2);
         assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
-        answer(&p);
-        assert!(p.a_scq.try_next().is_none());
-        answered(&p);
+        answer_polled(&p);
         let sent: Vec<u8> = tap
             .try_iter()
             .filter(|e| e.sent)
