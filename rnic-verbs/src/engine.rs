@@ -701,6 +701,12 @@ struct Shared {
     /// `u64::MAX` while it is awake): a verb that sets an earlier timer
     /// wakes it, and no other does.
     sleeping_until: AtomicU64,
+    /// [`EngineState::next_deadline`] as the last thread to change the
+    /// state left it (ns; `u64::MAX`: none), published under the lock:
+    /// what the engine thread, away from the socket, reads when it wakes
+    /// to look at the pollers, instead of taking the lock from them (see
+    /// [`leave_to_pollers`]).
+    deadline: AtomicU64,
     stop: AtomicBool,
     /// The engine's clock starts here (as `EngineState::start`).
     start: Instant,
@@ -779,6 +785,7 @@ impl Shared {
         } else if let Some(r) = self.responses_rx() {
             while st.receive(r, &self.socket, false, false).packets > 0 {}
         }
+        self.publish(&st);
         self.steering.store(on, Ordering::SeqCst);
     }
 
@@ -795,14 +802,25 @@ impl Shared {
         u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A thread is in the data path now.
-    fn active(&self) {
-        self.last_active
-            .store(self.clock().max(1), Ordering::Relaxed);
+    /// A thread is in the data path now; returns now (ns on the engine's
+    /// clock), for the caller's own use: one clock read per poll (a system
+    /// call where the clock source has no vDSO reading, as on an emulated
+    /// CPU's HPET).
+    fn active(&self) -> u64 {
+        let now = self.clock().max(1);
+        self.last_active.store(now, Ordering::Relaxed);
         let cpu = crate::sched::current_cpu().unwrap_or(usize::MAX);
         if self.active_cpu.load(Ordering::Relaxed) != cpu {
             self.active_cpu.store(cpu, Ordering::Relaxed);
         }
+        now
+    }
+
+    /// Publish `st`'s next deadline (`deadline`); called under the lock by
+    /// every thread that changed the state, before it lets go.
+    fn publish(&self, st: &EngineState) {
+        let d = st.next_deadline().map_or(u64::MAX, |t| t.0);
+        self.deadline.store(d, Ordering::SeqCst);
     }
 
     fn active_cpu(&self) -> Option<usize> {
@@ -827,8 +845,13 @@ impl Shared {
 
     /// Wake the engine thread if the next deadline, `next`, comes before
     /// the time it means to wake up.
+    ///
+    /// The caller published its deadline first (`publish`, under the lock):
+    /// an engine thread that reads `deadline` after setting
+    /// `sleeping_until` (`leave_to_pollers`) either sees it, or is seen
+    /// here (both sequentially consistent).
     fn wake_for(&self, next: Option<Time>) {
-        if next.is_some_and(|t| t.0 < self.sleeping_until.load(Ordering::Acquire)) {
+        if next.is_some_and(|t| t.0 < self.sleeping_until.load(Ordering::SeqCst)) {
             self.wake();
         }
     }
@@ -1207,6 +1230,7 @@ impl Engine {
             frames,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
+            deadline: AtomicU64::new(u64::MAX),
             stop: AtomicBool::new(false),
             start,
             last_active: AtomicU64::new(0),
@@ -1306,6 +1330,7 @@ impl Engine {
             st.pump(&sh.socket);
             st.next_deadline()
         };
+        sh.publish(&st);
         drop(st);
         // A deadline earlier than the engine thread's wake-up: tell it.
         sh.wake_for(next);
@@ -1337,13 +1362,13 @@ impl Engine {
     /// [`EngineState::hold_for_answer`]).
     pub fn progress(&self) {
         let sh = &*self.shared;
-        sh.active();
+        let now = sh.active();
         let Some(mut st) = sh.state.try_lock() else {
             return;
         };
         // What posts held back goes first: it is what the poller waits for
         // (ACKs held for an answer wait for a post, or their time).
-        let held = st.held_due().is_some_and(|t| t <= st.now());
+        let held = st.held_due().is_some_and(|t| t.0 <= now);
         if held {
             st.pump(&sh.socket);
         }
@@ -1362,7 +1387,7 @@ impl Engine {
                 .fetch_add(received as u64, Ordering::Relaxed);
         }
         let mut worked = held || received > 0;
-        if st.now().0 >= sh.sleeping_until.load(Ordering::Acquire) {
+        if now >= sh.sleeping_until.load(Ordering::Acquire) {
             worked |= st.run_due_timers(&sh.socket);
         }
         if !worked {
@@ -1371,6 +1396,7 @@ impl Engine {
         }
         // What this poll held does not wake the engine thread; its timers do.
         let next = st.timer_deadline();
+        sh.publish(&st);
         drop(st);
         sh.wake_for(next);
     }
@@ -1405,7 +1431,9 @@ impl Engine {
     }
     /// How long ACKs wait for an answer (ns).
     pub fn set_answer_wait(&self, wait: u64) {
-        self.shared.state.lock().answer_wait = wait;
+        let mut st = self.shared.state.lock();
+        st.answer_wait = wait;
+        self.shared.publish(&st);
     }
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {
@@ -1550,6 +1578,7 @@ fn run(sh: &Shared, realtime: bool) {
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
                 let got = st.receive(r, &sh.socket, false, false);
+                sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 if got.packets > 0 {
                     sh.engine_packets
@@ -1581,6 +1610,7 @@ fn run(sh: &Shared, realtime: bool) {
                 let mut st = sh.state.lock();
                 let active = Watch::pollers_about(sh.clock(), sh.last_active());
                 let got = st.receive(rx, &sh.socket, false, active);
+                sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 received += got.packets;
                 unpolled += got.unpolled;
@@ -1604,6 +1634,7 @@ fn run(sh: &Shared, realtime: bool) {
         let timeout = {
             let mut st = sh.state.lock();
             busy |= st.run_due_timers(&sh.socket);
+            sh.publish(&st);
             if busy {
                 parking_lot::MutexGuard::unlock_fair(st);
                 idle_since = None;
@@ -1636,7 +1667,7 @@ fn run(sh: &Shared, realtime: bool) {
             }
             // Published under the lock: a verb that sets an earlier timer
             // after this sees it and wakes us.
-            sh.sleeping_until.store(until, Ordering::Release);
+            sh.sleeping_until.store(until, Ordering::SeqCst);
             Duration::from_nanos(until.saturating_sub(now.0))
         };
         watch.sleeping(false);
@@ -1662,17 +1693,34 @@ fn run(sh: &Shared, realtime: bool) {
 
 /// Sleep without the socket while threads poll (they take the packets), at
 /// most `watch::AWAY_MAX` past the last poll, and until the next timer.
+///
+/// While they poll, this thread wakes every `AWAY_MAX` only to see that
+/// they still do. It then takes the state lock only if a deadline is due
+/// (`Shared::deadline`, published by whoever changed the state last): on
+/// the core the program spins on, a real-time thread that takes the lock
+/// preempts the poller holding it, spins, sleeps on it, and is woken again
+/// when the poller lets go. (A timer it might miss so is one that a
+/// thread armed without publishing; `wake_for` covers the race between
+/// publishing and this read.)
 fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
-    let timeout = {
+    let now = sh.clock();
+    let last = sh.last_active().unwrap_or(now);
+    let bound = last.saturating_add(sh.away_max.load(Ordering::Relaxed));
+    // Set before the deadline is read: a thread that publishes an earlier
+    // one after the read sees this and wakes us (`Shared::wake_for`).
+    sh.sleeping_until.store(bound, Ordering::SeqCst);
+    let due = sh.deadline.load(Ordering::SeqCst);
+    let timeout = if due > now {
+        let until = due.min(bound);
+        sh.sleeping_until.store(until, Ordering::SeqCst);
+        Duration::from_nanos(until.saturating_sub(now))
+    } else {
         let mut st = sh.state.lock();
         st.run_due_timers(&sh.socket);
+        sh.publish(&st);
         let now = st.now().0;
-        let last = sh.last_active().unwrap_or(now);
-        let until = st
-            .next_deadline()
-            .map_or(u64::MAX, |d| d.0)
-            .min(last.saturating_add(sh.away_max.load(Ordering::Relaxed)));
-        sh.sleeping_until.store(until, Ordering::Release);
+        let until = st.next_deadline().map_or(u64::MAX, |d| d.0).min(bound);
+        sh.sleeping_until.store(until, Ordering::SeqCst);
         Duration::from_nanos(until.saturating_sub(now))
     };
     // A thread about to sleep checks `away` after saying so; we check what
@@ -1683,7 +1731,7 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
         sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
     }
     sh.away.store(false, Ordering::SeqCst);
-    sh.sleeping_until.store(u64::MAX, Ordering::Release);
+    sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
 }
 
 /// poll(2) on `fds` for up to `timeout`, then take any wake-up.
@@ -1692,10 +1740,14 @@ fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
         tv_sec: 0,
         tv_nsec: 100_000_000,
     });
-    let _ = poll(fds, Some(&ts));
-    sh.sleeping_until.store(u64::MAX, Ordering::Release);
-    let mut counter = [0u8; 8];
-    let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
+    let ready = poll(fds, Some(&ts));
+    sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
+    // Timed out: nobody woke it (one system call less per look at the
+    // pollers).
+    if ready != Ok(0) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
+    }
 }
 
 #[cfg(test)]

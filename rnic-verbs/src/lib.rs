@@ -2250,6 +2250,78 @@ mod tests {
         assert_eq!(c.status, WcStatus::Success);
     }
 
+    /// While a's engine thread has left the socket to a polling thread,
+    /// timers still fire on time: on its looks at the pollers the engine
+    /// thread reads the deadline that whoever armed it published, and
+    /// takes the lock only then. Three ways to arm one: a poll that sends
+    /// a request a post held (its ACK timeout), a post that sends a
+    /// request too long to hold, and a poll that takes in a receiver-not-
+    /// ready NAK (its RNR timer, long before the ACK timeout). The peer
+    /// never answers (its QP is gone), or has no receive posted; after the
+    /// one retry allowed the request fails.
+    #[test]
+    fn timers_fire_while_the_engine_leaves_the_socket_to_pollers() {
+        let cases = [
+            (8, false, WcStatus::RetryExcErr),
+            (64 * 1024, false, WcStatus::RetryExcErr),
+            (8, true, WcStatus::RnrRetryExcErr),
+        ];
+        for (len, rnr, status) in cases {
+            let p = pair();
+            let pd = p.a.alloc_pd().unwrap();
+            let cq = p.a.create_cq(8).unwrap();
+            let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+            let c = Device::open_loopback().unwrap();
+            let (pc, c_cq) = (c.alloc_pd().unwrap(), c.create_cq(8).unwrap());
+            let peer = pc.create_rc_qp(&c_cq, &c_cq, QpCaps::default()).unwrap();
+            let o = ConnectOptions {
+                // 1 ms; 4.3 s where the RNR timer (0.64 ms) must fire.
+                timeout: if rnr { 20 } else { 8 },
+                retry_cnt: 1,
+                rnr_retry: 1,
+                ..ConnectOptions::default()
+            };
+            qp.connect(&peer.endpoint(), &o).unwrap();
+            peer.connect(&qp.endpoint(), &o).unwrap();
+            if !rnr {
+                drop(peer);
+            }
+            let mr = pd.register(len, Access::LOCAL_WRITE).unwrap();
+            // Away for as long as this thread polls, and for 10 s after:
+            // nothing but the deadline brings the engine thread back in
+            // time (a look at the pollers at a shorter bound may run a
+            // timer it missed, late).
+            p.a.engine.set_away_max(10_000_000_000);
+            p.until_away();
+            assert!(p.a.engine.is_away());
+            let op = if rnr {
+                SendOp::Send { imm: None }
+            } else {
+                SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: 1,
+                    imm: None,
+                }
+            };
+            qp.post_send(SendWr {
+                wr_id: 9,
+                op,
+                sg_list: sg_list![mr.sge(0, len as u32)],
+                signaled: true,
+                solicited: false,
+                fence: false,
+                inline: None,
+            })
+            .unwrap();
+            // Polling without pause: the engine thread stays away, and a
+            // poll runs no timer the engine thread is not late for. The
+            // retries take milliseconds; a deadline the engine thread
+            // missed comes seconds late, if at all.
+            let done = cq.spin(Duration::from_secs(2)).unwrap();
+            assert_eq!((done.wr_id, done.status), (9, status), "{len} B, RNR {rnr}");
+        }
+    }
+
     #[test]
     fn a_write_that_waited_for_the_engine_keeps_it_watching() {
         let p = pair_away();
