@@ -131,7 +131,13 @@ pub(crate) struct EngineState {
     /// `empty_polls` when a batch taken in last left ACKs to send, until
     /// a post counted it.
     acked_after: Option<u64>,
-    /// [`ANSWER_WAIT`], or another in a test.
+    /// When that batch was taken in.
+    acked_at: Time,
+    /// How long the program takes to answer (ns): a moving average of
+    /// the time from a batch that left ACKs to the post that answered it.
+    answer_time: u64,
+    /// The shortest wait for an answer: [`ANSWER_WAIT`], or another in a
+    /// test (see [`EngineState::answer_wait`]).
     answer_wait: u64,
 }
 
@@ -142,6 +148,12 @@ pub(crate) struct EngineState {
 /// requester's ACK timeout is milliseconds (4.096 us x 2^timeout, 14 to
 /// 19 being the usual settings).
 pub const ANSWER_WAIT: u64 = crate::watch::AWAY_MAX;
+/// How many times its usual answer time ACKs wait for a program's answer
+/// (if that is longer than [`ANSWER_WAIT`]).
+const ANSWER_SLACK: u64 = 16;
+/// The longest ACKs wait for an answer however slow the program (ns):
+/// well inside the usual requesters' ACK timeouts (67 ms and up).
+pub const ANSWER_WAIT_MAX: u64 = 8_000_000;
 /// The most [`EngineState::answers`] counts up to: a program that has
 /// answered quickly for a while keeps its ACKs waiting through a few slow
 /// answers.
@@ -451,6 +463,7 @@ impl EngineState {
         let acks = self.only_acks_queued();
         if acks {
             self.acked_after = Some(self.empty_polls);
+            self.acked_at = now;
         }
         if acks && program_active && self.answers > 0 {
             self.deliver();
@@ -504,6 +517,19 @@ impl EngineState {
         let was = self.answers;
         if acked == self.empty_polls {
             self.answers = (self.answers + 1).min(ANSWER_SCORE);
+            // One answer held up (the program descheduled, or busy with
+            // something else) moves the average by an eighth of at most
+            // what the longest wait allows for.
+            let took = self
+                .now()
+                .0
+                .saturating_sub(self.acked_at.0)
+                .min(ANSWER_WAIT_MAX / ANSWER_SLACK);
+            self.answer_time = if self.answer_time == 0 {
+                took
+            } else {
+                (self.answer_time * 7 + took) / 8
+            };
         } else if self.held_for_answer {
             self.answers = self.answers.saturating_sub(1);
         }
@@ -513,14 +539,30 @@ impl EngineState {
     }
 
     /// When what is held is due: at once, or, for ACKs held for an
-    /// answer, `answer_wait` after they were held.
+    /// answer, [`EngineState::answer_wait`] after they were held.
     fn held_due(&self) -> Option<Time> {
         let t = self.held_since?;
         Some(if self.held_for_answer {
-            Time(t.0.saturating_add(self.answer_wait))
+            Time(t.0.saturating_add(self.answer_wait()))
         } else {
             t
         })
+    }
+
+    /// How long ACKs wait for an answer: [`ANSWER_WAIT`], or
+    /// [`ANSWER_SLACK`] times as long as the program takes to answer, up
+    /// to [`ANSWER_WAIT_MAX`]. A CPU fifty times slower (an emulated one)
+    /// is held up fifty times as long: inside the rxe VM a ping-pong's
+    /// answers take 150-400 us, and a fixed millisecond expired every few
+    /// hundred round trips; each time the ACK left alone, the peer stopped
+    /// polling before the answer came, and its engine thread had to come
+    /// back for it.
+    fn answer_wait(&self) -> u64 {
+        self.answer_wait.max(
+            self.answer_time
+                .saturating_mul(ANSWER_SLACK)
+                .min(ANSWER_WAIT_MAX),
+        )
     }
 
     /// Whether what the NIC has queued may wait for a poller's next call
@@ -1215,6 +1257,8 @@ impl Engine {
             answers: 0,
             empty_polls: 0,
             acked_after: None,
+            acked_at: Time(0),
+            answer_time: 0,
             answer_wait: ANSWER_WAIT,
         };
         let shared = Arc::new(Shared {
@@ -1429,7 +1473,11 @@ impl Engine {
         let st = self.shared.state.lock();
         (st.held_for_answer, st.answers > 0)
     }
-    /// How long ACKs wait for an answer (ns).
+    /// How long ACKs wait for an answer now (ns).
+    pub fn answer_wait(&self) -> u64 {
+        self.shared.state.lock().answer_wait()
+    }
+    /// The shortest wait for an answer (ns).
     pub fn set_answer_wait(&self, wait: u64) {
         let mut st = self.shared.state.lock();
         st.answer_wait = wait;

@@ -1953,6 +1953,24 @@ mod tests {
         assert_eq!(ids, [3, 4]);
     }
 
+    /// A program that takes long to answer (a slow CPU: an emulated one
+    /// answers fifty times slower) has its ACKs wait ANSWER_SLACK times
+    /// its usual answer time, up to ANSWER_WAIT_MAX, before they leave
+    /// alone; a new NIC waits ANSWER_WAIT.
+    #[test]
+    fn a_slow_program_s_acks_wait_longer_for_its_answer() {
+        let p = pair_away();
+        assert_eq!(p.a.engine.answer_wait(), engine::ANSWER_WAIT);
+        for tag in 1..=4 {
+            write_polled_in(&p, tag);
+            // Taken in; the program answers 2 ms later.
+            std::thread::sleep(Duration::from_millis(2));
+            answer_polled(&p);
+        }
+        assert!(p.a.engine.answer().1, "the program answers");
+        assert_eq!(p.a.engine.answer_wait(), engine::ANSWER_WAIT_MAX);
+    }
+
     /// Once a's program has answered a request a poll took in (posted
     /// something to send soon after), the ACKs of the next requests its
     /// polls take in wait for its answer, not for its next poll, and
