@@ -346,11 +346,8 @@ impl DmaBuf {
         }
         let first = (offset + take) / 8;
         let last = first + rest.len() / 8;
-        let mut chunks = rest.chunks_exact_mut(8);
-        for (dst, w) in (&mut chunks).zip(&words[first..]) {
-            dst.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
-        }
-        let tail = chunks.into_remainder();
+        let (whole, tail) = rest.split_at_mut(rest.len() / 8 * 8);
+        copy_out(&words[first..last], whole);
         if !tail.is_empty() {
             let w = words[last].load(Ordering::Relaxed).to_ne_bytes();
             tail.copy_from_slice(&w[..tail.len()]);
@@ -384,17 +381,66 @@ impl DmaBuf {
             part(&words[offset / 8], b, head);
         }
         let first = (offset + take) / 8;
-        let chunks = rest.chunks_exact(8);
-        let tail = chunks.remainder();
-        for (src, w) in chunks.zip(&words[first..]) {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(src);
-            w.store(u64::from_ne_bytes(v), Ordering::Relaxed);
-        }
+        let (whole, tail) = rest.split_at(rest.len() / 8 * 8);
+        copy_in(whole, &words[first..first + whole.len() / 8]);
         if !tail.is_empty() {
             part(&words[first + rest.len() / 8], 0, tail);
         }
         true
+    }
+}
+
+/// Copy `words` out into `out` (8 bytes each), four words per step: one
+/// loop test per 32 bytes (relaxed atomic loads are never merged into
+/// wider ones, so the loop's own overhead is what unrolling can save).
+fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
+    debug_assert_eq!(out.len(), words.len() * 8);
+    let mut dst = out.chunks_exact_mut(32);
+    let mut src = words.chunks_exact(4);
+    for (d, w) in (&mut dst).zip(&mut src) {
+        let v = [
+            w[0].load(Ordering::Relaxed),
+            w[1].load(Ordering::Relaxed),
+            w[2].load(Ordering::Relaxed),
+            w[3].load(Ordering::Relaxed),
+        ];
+        for (d, v) in d.chunks_exact_mut(8).zip(v) {
+            d.copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+    for (d, w) in dst
+        .into_remainder()
+        .chunks_exact_mut(8)
+        .zip(src.remainder())
+    {
+        d.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+    }
+}
+
+/// Copy `data` into `words` (8 bytes each), four words per step (see
+/// `copy_out`).
+fn copy_in(data: &[u8], words: &[AtomicU64]) {
+    debug_assert_eq!(data.len(), words.len() * 8);
+    let word = |b: &[u8]| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(b);
+        u64::from_ne_bytes(v)
+    };
+    let mut src = data.chunks_exact(32);
+    let mut dst = words.chunks_exact(4);
+    for (s, w) in (&mut src).zip(&mut dst) {
+        let v = [
+            word(&s[..8]),
+            word(&s[8..16]),
+            word(&s[16..24]),
+            word(&s[24..]),
+        ];
+        for (w, v) in w.iter().zip(v) {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+    for (s, w) in src.remainder().chunks_exact(8).zip(dst.remainder()) {
+        w.store(word(s), Ordering::Relaxed);
     }
 }
 
@@ -413,9 +459,26 @@ unsafe fn foreign_read(src: *const u8, out: &mut [u8]) {
         i += 1;
     }
     let whole = (n - i) / 8 * 8;
-    for dst in out[i..i + whole].chunks_exact_mut(8) {
-        // SAFETY: `src + i` is 8-byte aligned (past the head) and the word is
-        // inside the caller's range.
+    let (quads, rest) = out[i..i + whole].split_at_mut(whole / 32 * 32);
+    for dst in quads.chunks_exact_mut(32) {
+        // SAFETY: `src + i` is 8-byte aligned (past the head) and the four
+        // words are inside the caller's range.
+        let w = unsafe {
+            let p = src.add(i).cast::<u64>();
+            [
+                p.read_volatile(),
+                p.add(1).read_volatile(),
+                p.add(2).read_volatile(),
+                p.add(3).read_volatile(),
+            ]
+        };
+        for (d, w) in dst.chunks_exact_mut(8).zip(w) {
+            d.copy_from_slice(&w.to_ne_bytes());
+        }
+        i += 32;
+    }
+    for dst in rest.chunks_exact_mut(8) {
+        // SAFETY: as above, one word.
         let w = unsafe { src.add(i).cast::<u64>().read_volatile() };
         dst.copy_from_slice(&w.to_ne_bytes());
         i += 8;
@@ -441,15 +504,33 @@ unsafe fn foreign_write(dst: *mut u8, data: &[u8]) {
         i += 1;
     }
     let whole = (n - i) / 8 * 8;
-    for src in data[i..i + whole].chunks_exact(8) {
+    let word = |b: &[u8]| {
         let mut w = [0u8; 8];
-        w.copy_from_slice(src);
-        // SAFETY: aligned (past the head) and inside the caller's range.
+        w.copy_from_slice(b);
+        u64::from_ne_bytes(w)
+    };
+    let (quads, rest) = data[i..i + whole].split_at(whole / 32 * 32);
+    for src in quads.chunks_exact(32) {
+        let w = [
+            word(&src[..8]),
+            word(&src[8..16]),
+            word(&src[16..24]),
+            word(&src[24..]),
+        ];
+        // SAFETY: aligned (past the head) and the four words inside the
+        // caller's range.
         unsafe {
-            dst.add(i)
-                .cast::<u64>()
-                .write_volatile(u64::from_ne_bytes(w))
-        };
+            let p = dst.add(i).cast::<u64>();
+            p.write_volatile(w[0]);
+            p.add(1).write_volatile(w[1]);
+            p.add(2).write_volatile(w[2]);
+            p.add(3).write_volatile(w[3]);
+        }
+        i += 32;
+    }
+    for src in rest.chunks_exact(8) {
+        // SAFETY: as above, one word.
+        unsafe { dst.add(i).cast::<u64>().write_volatile(word(src)) };
         i += 8;
     }
     while i < n {
@@ -481,23 +562,29 @@ mod tests {
 
     #[test]
     fn every_alignment_round_trips() {
-        let b = DmaBuf::zeroed(64);
+        // Lengths past four words: the copies move four at a time, then
+        // the words left, then the bytes left.
+        const LEN: usize = 128;
+        let b = DmaBuf::zeroed(LEN);
         for offset in 0..20 {
-            for len in 0..30 {
+            for len in (0..40).chain([63, 64, 65, 72, 79]) {
                 let data: Vec<u8> = (0..len as u8)
                     .map(|i| i.wrapping_mul(37).wrapping_add(offset as u8 + 1))
                     .collect();
                 let before = {
-                    let mut v = vec![0u8; 64];
+                    let mut v = vec![0u8; LEN];
                     b.read(0, &mut v);
                     v
                 };
                 assert!(b.write(offset, &data));
-                let mut after = vec![0u8; 64];
+                let mut after = vec![0u8; LEN];
                 assert!(b.read(0, &mut after));
                 let mut want = before.clone();
                 want[offset..offset + len].copy_from_slice(&data);
                 assert_eq!(after, want, "offset {offset} len {len}");
+                let mut back = vec![0u8; len];
+                assert!(b.read(offset, &mut back));
+                assert_eq!(back, data, "read at offset {offset} len {len}");
             }
         }
         assert_eq!(DmaBuf::zeroed(13).len(), 13);
@@ -554,30 +641,42 @@ mod tests {
 
     #[test]
     fn foreign_memory_at_every_alignment() {
-        let mut backing = vec![0u8; 64];
+        // Long enough for the copies' four words at a time, then the
+        // words left, then the bytes left, from every alignment.
+        const LEN: usize = 120;
+        let mut backing = vec![0u8; LEN + 16];
         for start in 0..9 {
             let base = NonNull::new(backing.as_mut_ptr()).unwrap();
             // SAFETY: `backing` outlives `b` and is not otherwise touched
             // until `b` is gone.
-            let b = unsafe { DmaBuf::foreign(base.add(start), 40) };
+            let b = unsafe { DmaBuf::foreign(base.add(start), LEN) };
             assert_eq!(b.placement(), Placement::Foreign);
             assert_eq!(b.addr(), base.as_ptr() as u64 + start as u64);
-            for (off, len) in [(0, 40), (3, 17), (8, 8), (39, 1), (40, 0)] {
-                let data: Vec<u8> = (0..len as u8).map(|i| i ^ (start as u8 * 7 + 1)).collect();
-                assert!(b.write(off, &data));
-                let mut back = vec![0u8; len];
-                assert!(b.read(off, &mut back));
-                assert_eq!(back, data, "start {start} offset {off} len {len}");
+            let mut model = vec![0u8; LEN];
+            for off in 0..9 {
+                for len in [0, 1, 7, 8, 17, 31, 32, 33, 40, 63, 64, 65, 100] {
+                    let data: Vec<u8> = (0..len as u8)
+                        .map(|i| i ^ (start as u8 * 7 + off as u8 + 1))
+                        .collect();
+                    assert!(b.write(off, &data));
+                    model[off..off + len].copy_from_slice(&data);
+                    let mut back = vec![0u8; len];
+                    assert!(b.read(off, &mut back));
+                    assert_eq!(back, data, "start {start} offset {off} len {len}");
+                    let mut all = vec![0u8; LEN];
+                    assert!(b.read(0, &mut all));
+                    assert_eq!(all, model, "start {start} offset {off} len {len}");
+                }
             }
-            assert!(!b.write(33, &[0; 8]), "one byte past the end");
-            assert!(!b.read(40, &mut [0; 1]));
+            assert!(!b.write(LEN - 7, &[0; 8]), "one byte past the end");
+            assert!(!b.read(LEN, &mut [0; 1]));
             drop(b);
             assert!(
                 backing[..start].iter().all(|&x| x == 0),
                 "nothing before the region"
             );
             assert!(
-                backing[start + 40..].iter().all(|&x| x == 0),
+                backing[start + LEN..].iter().all(|&x| x == 0),
                 "nothing after it"
             );
             backing.fill(0);
