@@ -858,11 +858,14 @@ impl Shared {
         now
     }
 
-    /// Publish `st`'s next deadline (`deadline`); called under the lock by
-    /// every thread that changed the state, before it lets go.
-    fn publish(&self, st: &EngineState) {
-        let d = st.next_deadline().map_or(u64::MAX, |t| t.0);
-        self.deadline.store(d, Ordering::SeqCst);
+    /// Publish `st`'s next deadline (`deadline`), and return it; called
+    /// under the lock by every thread that changed the state, before it
+    /// lets go.
+    fn publish(&self, st: &EngineState) -> Option<Time> {
+        let next = st.next_deadline();
+        self.deadline
+            .store(next.map_or(u64::MAX, |t| t.0), Ordering::SeqCst);
+        next
     }
 
     fn active_cpu(&self) -> Option<usize> {
@@ -1364,17 +1367,17 @@ impl Engine {
         if may_hold && queued.is_some_and(|q| st.nic.queued_datagrams().is_none_or(|n| n > q)) {
             st.posted();
         }
-        let next = if may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold() {
+        let held = may_hold && sh.away.load(Ordering::SeqCst) && st.may_hold();
+        if held {
             st.hold();
             st.deliver();
-            // A timer the post set still wakes the engine thread; the held
-            // datagrams do not.
-            st.timer_deadline()
         } else {
             st.pump(&sh.socket);
-            st.next_deadline()
-        };
-        sh.publish(&st);
+        }
+        let deadline = sh.publish(&st);
+        // A timer the post set still wakes the engine thread; the held
+        // datagrams do not.
+        let next = if held { st.timer_deadline() } else { deadline };
         drop(st);
         // A deadline earlier than the engine thread's wake-up: tell it.
         sh.wake_for(next);
@@ -1682,7 +1685,7 @@ fn run(sh: &Shared, realtime: bool) {
         let timeout = {
             let mut st = sh.state.lock();
             busy |= st.run_due_timers(&sh.socket);
-            sh.publish(&st);
+            let deadline = sh.publish(&st);
             if busy {
                 parking_lot::MutexGuard::unlock_fair(st);
                 idle_since = None;
@@ -1704,9 +1707,7 @@ fn run(sh: &Shared, realtime: bool) {
             } else {
                 100_000_000
             };
-            let mut until = st
-                .next_deadline()
-                .map_or(now.0 + longest, |d| d.0.min(now.0 + longest));
+            let mut until = deadline.map_or(now.0 + longest, |d| d.0.min(now.0 + longest));
             if leave_responses {
                 // Responses are left to pollers until AWAY_MAX after the
                 // last poll or post, as when away.
@@ -1765,9 +1766,9 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
     } else {
         let mut st = sh.state.lock();
         st.run_due_timers(&sh.socket);
-        sh.publish(&st);
+        let deadline = sh.publish(&st);
         let now = st.now().0;
-        let until = st.next_deadline().map_or(u64::MAX, |d| d.0).min(bound);
+        let until = deadline.map_or(u64::MAX, |d| d.0).min(bound);
         sh.sleeping_until.store(until, Ordering::SeqCst);
         Duration::from_nanos(until.saturating_sub(now))
     };
