@@ -421,27 +421,29 @@ fn copy_out(words: &[AtomicU64], out: &mut [u8]) {
 /// `copy_out`).
 fn copy_in(data: &[u8], words: &[AtomicU64]) {
     debug_assert_eq!(data.len(), words.len() * 8);
-    let word = |b: &[u8]| {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(b);
-        u64::from_ne_bytes(v)
-    };
     let mut src = data.chunks_exact(32);
     let mut dst = words.chunks_exact(4);
     for (s, w) in (&mut src).zip(&mut dst) {
         let v = [
-            word(&s[..8]),
-            word(&s[8..16]),
-            word(&s[16..24]),
-            word(&s[24..]),
+            ne_word(&s[..8]),
+            ne_word(&s[8..16]),
+            ne_word(&s[16..24]),
+            ne_word(&s[24..]),
         ];
         for (w, v) in w.iter().zip(v) {
             w.store(v, Ordering::Relaxed);
         }
     }
     for (s, w) in src.remainder().chunks_exact(8).zip(dst.remainder()) {
-        w.store(word(s), Ordering::Relaxed);
+        w.store(ne_word(s), Ordering::Relaxed);
     }
+}
+
+/// The word in 8 bytes, in memory order.
+fn ne_word(b: &[u8]) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(b);
+    u64::from_ne_bytes(v)
 }
 
 /// Copy `out.len()` bytes from `src` with volatile loads, ascending: whole
@@ -504,18 +506,13 @@ unsafe fn foreign_write(dst: *mut u8, data: &[u8]) {
         i += 1;
     }
     let whole = (n - i) / 8 * 8;
-    let word = |b: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(b);
-        u64::from_ne_bytes(w)
-    };
     let (quads, rest) = data[i..i + whole].split_at(whole / 32 * 32);
     for src in quads.chunks_exact(32) {
         let w = [
-            word(&src[..8]),
-            word(&src[8..16]),
-            word(&src[16..24]),
-            word(&src[24..]),
+            ne_word(&src[..8]),
+            ne_word(&src[8..16]),
+            ne_word(&src[16..24]),
+            ne_word(&src[24..]),
         ];
         // SAFETY: aligned (past the head) and the four words inside the
         // caller's range.
@@ -530,7 +527,7 @@ unsafe fn foreign_write(dst: *mut u8, data: &[u8]) {
     }
     for src in rest.chunks_exact(8) {
         // SAFETY: as above, one word.
-        unsafe { dst.add(i).cast::<u64>().write_volatile(word(src)) };
+        unsafe { dst.add(i).cast::<u64>().write_volatile(ne_word(src)) };
         i += 8;
     }
     while i < n {
