@@ -17,9 +17,12 @@
 //! [`MemoryRegion`] and the engine, so it cannot be freed while the NIC may
 //! still write it; it is made of atomic bytes, so the application and the
 //! engine touching it at once is not a data race (see `memory`). The
-//! `unsafe` in the crate is in two modules: `memory` (mapping, viewing and
-//! unmapping the pages of a page-backed region) and `udp` (recvmmsg and
-//! sendmmsg).
+//! `unsafe` in the crate is in four modules, `memory` (mapping, viewing and
+//! unmapping the pages of a page-backed region), `udp` (recvmmsg and
+//! sendmmsg), `frames` (packet sockets, BPF, getifaddrs) and `sched` (CPU
+//! affinity and scheduling), in the registration of a program's own memory
+//! (`register_foreign`, `rereg_foreign`), and in the engine's one call of
+//! `atexit(3)`.
 
 #![deny(unsafe_code)]
 
@@ -1969,6 +1972,27 @@ mod tests {
         }
         assert!(p.a.engine.answer().1, "the program answers");
         assert_eq!(p.a.engine.answer_wait(), engine::ANSWER_WAIT_MAX);
+    }
+
+    /// A program that exits with the ACK of the last request it took in
+    /// held for its answer (a ping-pong's last message) still has it
+    /// sent: the process's exit sends what its engines hold.
+    #[test]
+    fn a_program_s_exit_sends_the_acks_held_for_its_answer() {
+        let p = pair_away();
+        p.a.engine.set_answer_wait(60_000_000_000);
+        write_polled_in(&p, 1);
+        answer_polled(&p);
+        write_polled_in(&p, 2);
+        assert_eq!(p.a.engine.answer(), (true, true), "the ACK waits");
+        assert!(
+            p.b_scq.wait(Duration::from_millis(20)).is_err(),
+            "not acknowledged before the exit"
+        );
+        p.a.engine.flush_as_at_exit();
+        assert!(!p.a.engine.holding());
+        let c = p.b_scq.wait(Duration::from_secs(10)).unwrap();
+        assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
     }
 
     /// Once a's program has answered a request a poll took in (posted
