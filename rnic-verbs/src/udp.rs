@@ -12,7 +12,7 @@
 //! share a send).
 
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -42,6 +42,11 @@ pub struct RecvBatch {
     /// length when it holds one).
     segs: Vec<usize>,
     truncated: Vec<bool>,
+    /// Headers the last receive filled (the kernel writes back into those
+    /// alone): the next receive resets these, not all [`BATCH`], so a
+    /// receive that finds nothing, most of a spinning poller's, costs the
+    /// system call and little else.
+    written: usize,
 }
 
 /// A `UDP_GRO` control message as the kernel writes it: a cmsghdr and the
@@ -93,6 +98,8 @@ impl RecvBatch {
             lens: vec![0; BATCH],
             segs: vec![0; BATCH],
             truncated: vec![false; BATCH],
+            // The first receive sets every header's lengths.
+            written: BATCH,
         };
         for slot in b.bufs.chunks_mut(slot) {
             b.iovs.push(libc::iovec {
@@ -121,9 +128,10 @@ impl RecvBatch {
         } else {
             size_of::<GroCmsg>()
         };
-        for h in &mut self.hdrs {
-            // The kernel writes back the address's length, the control
-            // message's and the flags.
+        // The kernel wrote back the address's length, the control
+        // message's and the flags of the headers it filled last time;
+        // the others are as `with_slots` and this left them.
+        for h in &mut self.hdrs[..std::mem::take(&mut self.written)] {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = control as _;
             h.msg_hdr.msg_flags = 0;
@@ -148,6 +156,7 @@ impl RecvBatch {
             };
         }
         let n = n as usize;
+        self.written = n;
         for (i, h) in self.hdrs.iter().take(n).enumerate() {
             let len = (h.msg_len as usize).min(self.slot);
             self.lens[i] = len;
@@ -270,32 +279,32 @@ pub fn send<'a>(
     count: usize,
     datagram: impl Fn(usize) -> (SocketAddr, &'a [u8]),
 ) -> io::Result<usize> {
-    // SAFETY (all three): plain data; all zeroes is valid.
-    let mut addrs: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
-    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    // Filled as used, never cleared: a send is a few datagrams, the arrays
+    // are room for BATCH (zeroing them cost more than filling the few).
+    let mut addrs = [const { MaybeUninit::<RawAddr>::uninit() }; BATCH];
+    let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; BATCH];
+    let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
     let mut sent = 0;
     while sent < count {
         let chunk = (count - sent).min(BATCH);
         for j in 0..chunk {
             let (to, data) = datagram(sent + j);
-            let len;
-            (addrs[j], len) = to_sockaddr(to);
-            iovs[j] = libc::iovec {
+            let (addr, len) = to_raw(to);
+            let addr: *mut RawAddr = addrs[j].write(addr);
+            let iov: *mut libc::iovec = iovs[j].write(libc::iovec {
                 iov_base: data.as_ptr() as *mut libc::c_void,
                 iov_len: data.len(),
-            };
-            hdrs[j].msg_hdr.msg_name = (&mut addrs[j] as *mut libc::sockaddr_storage).cast();
-            hdrs[j].msg_hdr.msg_namelen = len;
-            hdrs[j].msg_hdr.msg_iov = &mut iovs[j];
-            hdrs[j].msg_hdr.msg_iovlen = 1;
+            });
+            hdrs[j].write(message(addr, len, iov, 1));
         }
-        // SAFETY: every header points at a live address and a live iovec over
-        // bytes borrowed for the duration of the call; the kernel only reads them.
+        // SAFETY: the first `chunk` headers are filled in, each pointing at a
+        // live address and a live iovec over bytes borrowed for the duration
+        // of the call; the kernel reads them and writes each sent header's
+        // length.
         let n = unsafe {
             libc::sendmmsg(
                 fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
                 chunk as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
@@ -381,11 +390,11 @@ pub fn send_groups<'a>(
     groups: &[usize],
     datagram: impl Fn(usize) -> (SocketAddr, &'a [u8]),
 ) -> io::Result<Sent> {
-    // SAFETY (all three): plain data; all zeroes is valid.
-    let mut addrs: [libc::sockaddr_storage; BATCH] = unsafe { zeroed() };
-    let mut iovs: [libc::iovec; IOVS] = unsafe { zeroed() };
-    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
-    let mut controls: [SegmentCmsg; BATCH] = [SegmentCmsg::new(0); BATCH];
+    // Filled as used, never cleared (as in `send`).
+    let mut addrs = [const { MaybeUninit::<RawAddr>::uninit() }; BATCH];
+    let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; IOVS];
+    let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
+    let mut controls = [const { MaybeUninit::<SegmentCmsg>::uninit() }; BATCH];
     let mut out = Sent::default();
     let mut g = 0; // the next message
     let mut first = 0; // its first datagram
@@ -399,40 +408,38 @@ pub fn send_groups<'a>(
             if iov_at + n > IOVS {
                 break;
             }
-            let (to, _) = datagram(at);
-            let len;
-            (addrs[msgs], len) = to_sockaddr(to);
+            let (to, first_data) = datagram(at);
+            let (addr, len) = to_raw(to);
+            let addr: *mut RawAddr = addrs[msgs].write(addr);
             for k in 0..n {
                 let data = datagram(at + k).1;
-                iovs[iov_at + k] = libc::iovec {
+                iovs[iov_at + k].write(libc::iovec {
                     iov_base: data.as_ptr() as *mut libc::c_void,
                     iov_len: data.len(),
-                };
+                });
             }
-            let h = &mut hdrs[msgs].msg_hdr;
-            h.msg_name = (&mut addrs[msgs] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = len;
-            h.msg_iov = &mut iovs[iov_at];
-            h.msg_iovlen = n as _;
+            // The message's iovecs, from the array (the kernel reads n).
+            let iov = iovs.as_mut_ptr().wrapping_add(iov_at).cast();
+            let mut m = message(addr, len, iov, n);
             if n > 1 {
-                controls[msgs] = SegmentCmsg::new(datagram(at).1.len() as u16);
-                h.msg_control = (&mut controls[msgs] as *mut SegmentCmsg).cast();
-                h.msg_controllen = size_of::<SegmentCmsg>() as _;
-            } else {
-                h.msg_control = std::ptr::null_mut();
-                h.msg_controllen = 0;
+                let c: *mut SegmentCmsg =
+                    controls[msgs].write(SegmentCmsg::new(first_data.len() as u16));
+                m.msg_hdr.msg_control = c.cast();
+                m.msg_hdr.msg_controllen = size_of::<SegmentCmsg>() as _;
             }
+            hdrs[msgs].write(m);
             iov_at += n;
             at += n;
             msgs += 1;
         }
-        // SAFETY: every header points at a live address, live iovecs over
-        // bytes borrowed for the duration of the call and, for GSO, a live
-        // control buffer; the kernel only reads them.
+        // SAFETY: the first `msgs` headers are filled in, each pointing at
+        // a live address, live iovecs over bytes borrowed for the duration
+        // of the call and, for GSO, a live control buffer; the kernel reads
+        // them and writes each sent header's length.
         let sent = unsafe {
             libc::sendmmsg(
                 fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
                 msgs as libc::c_uint,
                 libc::MSG_DONTWAIT,
             )
@@ -496,47 +503,62 @@ impl SegmentCmsg {
     }
 }
 
-fn to_sockaddr(to: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; all zeroes is valid.
-    let mut s: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match to {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+/// A destination as `sendmmsg` reads it: a `sockaddr_in` or a
+/// `sockaddr_in6` (28 bytes, where a `sockaddr_storage` is 128).
+#[repr(C)]
+#[derive(Clone, Copy)]
+union RawAddr {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+fn to_raw(to: SocketAddr) -> (RawAddr, libc::socklen_t) {
+    match to {
+        SocketAddr::V4(a) => (
+            RawAddr {
+                v4: libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: a.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(a.ip().octets()),
+                    },
+                    sin_zero: [0; 8],
                 },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-            unsafe {
-                (&mut s as *mut libc::sockaddr_storage)
-                    .cast::<libc::sockaddr_in>()
-                    .write(sin)
-            };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
+            },
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ),
+        SocketAddr::V6(a) => (
+            RawAddr {
+                v6: libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: a.port().to_be(),
+                    sin6_flowinfo: a.flowinfo(),
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: a.ip().octets(),
+                    },
+                    sin6_scope_id: a.scope_id(),
                 },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above.
-            unsafe {
-                (&mut s as *mut libc::sockaddr_storage)
-                    .cast::<libc::sockaddr_in6>()
-                    .write(sin6)
-            };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (s, len as libc::socklen_t)
+            },
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        ),
+    }
+}
+
+/// A `sendmmsg` header for `iovlen` iovecs from `iov` to `addr`, with no
+/// control message.
+fn message(
+    addr: *mut RawAddr,
+    len: libc::socklen_t,
+    iov: *mut libc::iovec,
+    iovlen: usize,
+) -> libc::mmsghdr {
+    // SAFETY: mmsghdr is plain data; all zeroes is a valid empty one.
+    let mut m: libc::mmsghdr = unsafe { zeroed() };
+    m.msg_hdr.msg_name = addr.cast();
+    m.msg_hdr.msg_namelen = len;
+    m.msg_hdr.msg_iov = iov;
+    m.msg_hdr.msg_iovlen = iovlen as _;
+    m
 }
 
 fn from_sockaddr(s: &libc::sockaddr_storage) -> Option<SocketAddr> {
