@@ -247,9 +247,27 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     }
 }
 
+/// `RNIC_LOG` (a tracing filter, as for the `rnic` tool: `rnic_verbs=debug`
+/// says what the engine decides, `=trace` every packet) for a C program:
+/// printed to its stderr. Set up once, before the first device; left alone
+/// if the process has a subscriber already (a Rust program using this
+/// library).
+fn log_to_stderr() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("RNIC_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
+}
+
 /// The process's devices, read from the environment once.
 fn devices() -> Result<&'static [Slot], String> {
     ffi::watch_forks();
+    log_to_stderr();
     type Table = (u64, Result<Vec<Slot>, String>);
     // The table of this fork generation. A forked child builds its own (the
     // parent's NICs have no engine threads in it) and leaves the parent's

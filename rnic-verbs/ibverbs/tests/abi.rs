@@ -185,3 +185,32 @@ fn a_process_that_exits_acknowledges_what_it_took_in() {
         assert!(stdout.contains("last write acknowledged"), "{stdout}");
     }
 }
+
+/// RNIC_LOG reaches a C program's stderr: the engine says what it decides
+/// (here, that the program answers what it takes in, and its start).
+#[test]
+fn rnic_log_reaches_a_c_program_s_stderr() {
+    let Some(exe) = build_c("exit_acks") else {
+        return;
+    };
+    let lib = library();
+    let run = |log: Option<&str>| {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("60")
+            .arg(&exe)
+            .arg("200")
+            .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+            .env("NO_COLOR", "1")
+            .env_remove("RNIC_LOG");
+        if let Some(l) = log {
+            cmd.env("RNIC_LOG", l);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        stderr
+    };
+    let logged = run(Some("rnic_verbs=debug"));
+    assert!(logged.contains("engine started"), "{logged}");
+    assert!(!run(None).contains("engine started"));
+}
