@@ -137,6 +137,16 @@ fn build_c(name: &str) -> Option<PathBuf> {
     Some(exe)
 }
 
+/// `exe` (a program `build_c` made) run on the library `lib`, given at
+/// most 60 s.
+fn c_program(exe: &Path, lib: &Path) -> Command {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("60")
+        .arg(exe)
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap());
+    cmd
+}
+
 /// A C program, built against the installed verbs.h, sees rnic's errors as
 /// rdma-core defines them (tests/c/errors.c says which).
 #[test]
@@ -145,10 +155,7 @@ fn error_paths_reach_a_c_program() {
         return;
     };
     let lib = library();
-    let out = Command::new("timeout")
-        .arg("60")
-        .arg(&exe)
-        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+    let out = c_program(&exe, &lib)
         // Its own device on loopback, away from other tests' default ones.
         .env("RNIC_DEVICES", "rnic0=127.0.0.201")
         .output()
@@ -172,13 +179,7 @@ fn a_process_that_exits_acknowledges_what_it_took_in() {
     // Three times: whether the ACK waits for an answer depends on what the
     // engine learned of the program by then (most runs, not all).
     for run in 0..3 {
-        let out = Command::new("timeout")
-            .arg("60")
-            .arg(&exe)
-            .arg("2000")
-            .env("LD_LIBRARY_PATH", lib.parent().unwrap())
-            .output()
-            .unwrap();
+        let out = c_program(&exe, &lib).arg("2000").output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "run {run}: {stdout}\n{stderr}");
@@ -186,8 +187,8 @@ fn a_process_that_exits_acknowledges_what_it_took_in() {
     }
 }
 
-/// RNIC_LOG reaches a C program's stderr: the engine says what it decides
-/// (here, that the program answers what it takes in, and its start).
+/// RNIC_LOG reaches a C program's stderr: with it the engine's debug log
+/// (its start, here) is there, without it not.
 #[test]
 fn rnic_log_reaches_a_c_program_s_stderr() {
     let Some(exe) = build_c("exit_acks") else {
@@ -195,13 +196,8 @@ fn rnic_log_reaches_a_c_program_s_stderr() {
     };
     let lib = library();
     let run = |log: Option<&str>| {
-        let mut cmd = Command::new("timeout");
-        cmd.arg("60")
-            .arg(&exe)
-            .arg("200")
-            .env("LD_LIBRARY_PATH", lib.parent().unwrap())
-            .env("NO_COLOR", "1")
-            .env_remove("RNIC_LOG");
+        let mut cmd = c_program(&exe, &lib);
+        cmd.arg("200").env("NO_COLOR", "1").env_remove("RNIC_LOG");
         if let Some(l) = log {
             cmd.env("RNIC_LOG", l);
         }
