@@ -143,8 +143,9 @@ pub(crate) struct EngineState {
 
 /// The longest ACKs wait for the program's answer (ns): a ping-pong's
 /// answer held up by the scheduler still takes them along, and a program
-/// that stops answering delays one ACK by this much, no more than it
-/// delays what its posts left for its next poll (`watch::AWAY_MAX`). A
+/// that stops answering delays one ACK by this much, no more than the
+/// engine thread's first time away delays what its posts left for its
+/// next poll (`watch::AWAY_MAX`). A
 /// requester's ACK timeout is milliseconds (4.096 us x 2^timeout, 14 to
 /// 19 being the usual settings).
 pub const ANSWER_WAIT: u64 = crate::watch::AWAY_MAX;
@@ -829,6 +830,8 @@ struct Shared {
     /// Times the engine thread, back from leaving the socket to pollers,
     /// found waiting a request no completion shows, and stayed.
     stays: AtomicU64,
+    /// Times the engine thread slept away from the socket, ever.
+    away_sleeps: AtomicU64,
     /// `watch::AWAY_MAX`, or longer in a test that must see a sleeper
     /// served by being told, not by the engine coming back on its own.
     away_max: AtomicU64,
@@ -1354,6 +1357,7 @@ impl Engine {
             polled_packets: AtomicU64::new(0),
             engine_packets: AtomicU64::new(0),
             stays: AtomicU64::new(0),
+            away_sleeps: AtomicU64::new(0),
             away_max: AtomicU64::new(crate::watch::AWAY_MAX),
         });
         register(&shared);
@@ -1412,8 +1416,9 @@ impl Engine {
     /// loopback) instead of one per post, and one that posts a request and
     /// polls for its answer sends it at its first poll. Any other verb
     /// sends them at once; if the program stops polling, the engine thread
-    /// sends them when it next looks, at most `watch::AWAY_MAX` after the
-    /// last poll or post, as it takes in what arrived meanwhile. The
+    /// sends them when it next looks, 1-8 ms after the last poll or post
+    /// (`watch::AWAY_MAX` to `watch::AWAY_LONGEST`: see
+    /// [`Watch::away_for`]), as it takes in what arrived meanwhile. The
     /// posting thread never wakes it for them.
     pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
         self.shared.active();
@@ -1470,7 +1475,7 @@ impl Engine {
     /// in one system call after the answer was posted, instead of the
     /// ACK's system call delaying the answer. A program that polls for
     /// anything at all sends it at its next poll; one that stops polling
-    /// leaves it to the engine thread, at most `watch::AWAY_MAX` later.
+    /// leaves it to the engine thread, at most `watch::AWAY_LONGEST` later.
     /// Once the program has shown that it answers what it takes in, ACKs
     /// wait for the answer itself, and a poll leaves them waiting (see
     /// [`EngineState::hold_for_answer`]).
@@ -1561,6 +1566,10 @@ impl Engine {
     /// Times the engine thread stayed for a request that waited for it.
     pub fn stays(&self) -> u64 {
         self.shared.stays.load(Ordering::Relaxed)
+    }
+    /// Times the engine thread slept away from the socket.
+    pub fn away_sleeps(&self) -> u64 {
+        self.shared.away_sleeps.load(Ordering::Relaxed)
     }
     /// Steer RC responses to the response socket (`Some(true)`), or not,
     /// whatever the engine thread would choose; `None` leaves it to it.
@@ -1670,6 +1679,10 @@ fn run(sh: &Shared, realtime: bool) {
     let mut idle_since: Option<Instant> = None;
     let mut watch = Watch::default();
     let mut polled = 0;
+    // Whether the last look left the socket to pollers (for the log).
+    let mut left = false;
+    // Whether the engine thread last slept away from the socket.
+    let mut slept_away = false;
     // In real time, the engine thread runs on its program's core.
     let mut follow = if realtime {
         rustix::thread::sched_getaffinity(None)
@@ -1691,12 +1704,25 @@ fn run(sh: &Shared, realtime: bool) {
         if sh.sleeper.swap(false, Ordering::SeqCst) {
             watch.sleeper(now);
         }
-        if watch.away(now, sh.last_active(), sh.away_max.load(Ordering::Relaxed)) {
+        let shortest = sh.away_max.load(Ordering::Relaxed);
+        let away = watch.away(now, sh.last_active(), watch.away_for(shortest));
+        if away && std::mem::take(&mut slept_away) {
+            // Woken to find the pollers still at it: sleep longer next.
+            watch.still_away(shortest);
+        }
+        if away != std::mem::replace(&mut left, away) {
+            if away {
+                tracing::debug!("polling threads take the packets in: the engine thread leaves the socket to them");
+            } else {
+                tracing::debug!("the engine thread watches the socket again");
+            }
+        }
+        if away {
             // Pollers take everything in: one socket is one system call.
             // What was steered to the other before is taken in here, now
             // and each time the engine thread comes back (a packet the
             // kernel was steering as the program changed stays at most
-            // AWAY_MAX).
+            // the time away).
             sh.steer(sh.pinned(false));
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
@@ -1709,7 +1735,8 @@ fn run(sh: &Shared, realtime: bool) {
                     continue;
                 }
             }
-            leave_to_pollers(sh, &mut watch);
+            let away_for = watch.away_for(shortest);
+            slept_away = leave_to_pollers(sh, &mut watch, away_for);
             continue;
         }
         // Staying for a program that spins on memory while threads poll:
@@ -1813,28 +1840,31 @@ fn run(sh: &Shared, realtime: bool) {
 }
 
 /// Sleep without the socket while threads poll (they take the packets), at
-/// most `watch::AWAY_MAX` past the last poll, and until the next timer.
+/// most `away_for` past the last poll, and until the next timer; whether
+/// it slept (a thread about to sleep on a completion keeps it awake).
 ///
-/// While they poll, this thread wakes every `AWAY_MAX` only to see that
-/// they still do. It then takes the state lock only if a deadline is due
+/// While they poll, this thread wakes every `away_for` (see
+/// [`Watch::away_for`]) only to see that they still do; it returns true
+/// when it so slept until that bound. It takes the state lock only if a
+/// deadline is due
 /// (`Shared::deadline`, published by whoever changed the state last): on
 /// the core the program spins on, a real-time thread that takes the lock
 /// preempts the poller holding it, spins, sleeps on it, and is woken again
 /// when the poller lets go. (A timer it might miss so is one that a
 /// thread armed without publishing; `wake_for` covers the race between
 /// publishing and this read.)
-fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
+fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) -> bool {
     let now = sh.clock();
     let last = sh.last_active().unwrap_or(now);
-    let bound = last.saturating_add(sh.away_max.load(Ordering::Relaxed));
+    let bound = last.saturating_add(away_for);
     // Set before the deadline is read: a thread that publishes an earlier
     // one after the read sees this and wakes us (`Shared::wake_for`).
     sh.sleeping_until.store(bound, Ordering::SeqCst);
     let due = sh.deadline.load(Ordering::SeqCst);
-    let timeout = if due > now {
+    let (until, timeout) = if due > now {
         let until = due.min(bound);
         sh.sleeping_until.store(until, Ordering::SeqCst);
-        Duration::from_nanos(until.saturating_sub(now))
+        (until, Duration::from_nanos(until.saturating_sub(now)))
     } else {
         let mut st = sh.state.lock();
         st.run_due_timers(&sh.socket);
@@ -1842,21 +1872,26 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch) {
         let now = st.now().0;
         let until = deadline.map_or(u64::MAX, |d| d.0).min(bound);
         sh.sleeping_until.store(until, Ordering::SeqCst);
-        Duration::from_nanos(until.saturating_sub(now))
+        (until, Duration::from_nanos(until.saturating_sub(now)))
     };
     // A thread about to sleep checks `away` after saying so; we check what
     // it said after setting `away`: one of the two sees the other.
     sh.away.store(true, Ordering::SeqCst);
+    let mut slept_to_bound = false;
     if !sh.sleeper.load(Ordering::SeqCst) {
         watch.sleeping(true);
-        sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
+        sh.away_sleeps.fetch_add(1, Ordering::Relaxed);
+        let timed_out = sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
+        slept_to_bound = timed_out && until == bound;
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
+    slept_to_bound
 }
 
-/// poll(2) on `fds` for up to `timeout`, then take any wake-up.
-fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
+/// poll(2) on `fds` for up to `timeout`, then take any wake-up; whether
+/// it timed out.
+fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) -> bool {
     let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
         tv_sec: 0,
         tv_nsec: 100_000_000,
@@ -1868,7 +1903,9 @@ fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
     if ready != Ok(0) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
+        return false;
     }
+    true
 }
 
 #[cfg(test)]

@@ -1757,6 +1757,28 @@ mod tests {
         p.send_later(|cq| cq.wait(Duration::from_secs(10)));
     }
 
+    /// While a thread polls without a break, the engine thread, away from
+    /// the socket, looks at it ever less often: after AWAY_MAX, then twice
+    /// that, ..., up to AWAY_LONGEST. Each look preempts a spinning program.
+    #[test]
+    fn a_thread_that_keeps_polling_wakes_the_engine_ever_less_often() {
+        let p = pair();
+        p.until_away();
+        let before = p.a.engine.away_sleeps();
+        let start = std::time::Instant::now();
+        let spell = Duration::from_millis(200);
+        while start.elapsed() < spell {
+            assert!(p.a_rcq.try_next().is_none());
+        }
+        let sleeps = p.a.engine.away_sleeps() - before;
+        // A look every AWAY_MAX would be 200; doubling to AWAY_LONGEST, a
+        // few to get there and 25 after. A thread held up for a millisecond
+        // brings the engine back and starts it again from AWAY_MAX.
+        let every_ms = (spell.as_nanos() / u128::from(crate::watch::AWAY_MAX)) as u64;
+        assert!(sleeps < every_ms / 3, "{sleeps} looks in {spell:?}");
+        assert!(sleeps > 0, "it looked");
+    }
+
     // Away, the engine thread comes back to the socket TEST_AWAY after the
     // last poll or post: long enough that a test thread held up by a busy
     // machine does not let it come back before the packet it sends.
