@@ -1681,8 +1681,6 @@ fn run(sh: &Shared, realtime: bool) {
     let mut polled = 0;
     // Whether the last look left the socket to pollers (for the log).
     let mut left = false;
-    // Whether the engine thread last slept away from the socket.
-    let mut slept_away = false;
     // In real time, the engine thread runs on its program's core.
     let mut follow = if realtime {
         rustix::thread::sched_getaffinity(None)
@@ -1704,12 +1702,8 @@ fn run(sh: &Shared, realtime: bool) {
         if sh.sleeper.swap(false, Ordering::SeqCst) {
             watch.sleeper(now);
         }
-        let shortest = sh.away_max.load(Ordering::Relaxed);
-        let away = watch.away(now, sh.last_active(), watch.away_for(shortest));
-        if away && std::mem::take(&mut slept_away) {
-            // Woken to find the pollers still at it: sleep longer next.
-            watch.still_away(shortest);
-        }
+        let away_for = watch.away_for(now, sh.away_max.load(Ordering::Relaxed));
+        let away = watch.away(now, sh.last_active(), away_for);
         if away != std::mem::replace(&mut left, away) {
             if away {
                 tracing::debug!("polling threads take the packets in: the engine thread leaves the socket to them");
@@ -1735,8 +1729,7 @@ fn run(sh: &Shared, realtime: bool) {
                     continue;
                 }
             }
-            let away_for = watch.away_for(shortest);
-            slept_away = leave_to_pollers(sh, &mut watch, away_for);
+            leave_to_pollers(sh, &mut watch, away_for);
             continue;
         }
         // Staying for a program that spins on memory while threads poll:
@@ -1818,7 +1811,7 @@ fn run(sh: &Shared, realtime: bool) {
             sh.sleeping_until.store(until, Ordering::SeqCst);
             Duration::from_nanos(until.saturating_sub(now.0))
         };
-        watch.sleeping(false);
+        watch.sleeping(false, now);
         // A thread about to sleep on a completion checks `responses_left`
         // after saying so; we check what it said after setting it: one of
         // the two sees the other (as with `away`).
@@ -1840,20 +1833,18 @@ fn run(sh: &Shared, realtime: bool) {
 }
 
 /// Sleep without the socket while threads poll (they take the packets), at
-/// most `away_for` past the last poll, and until the next timer; whether
-/// it slept (a thread about to sleep on a completion keeps it awake).
+/// most `away_for` past the last poll, and until the next timer.
 ///
 /// While they poll, this thread wakes every `away_for` (see
-/// [`Watch::away_for`]) only to see that they still do; it returns true
-/// when it so slept until that bound. It takes the state lock only if a
-/// deadline is due
+/// [`Watch::away_for`]) only to see that they still do. It takes the state
+/// lock only if a deadline is due
 /// (`Shared::deadline`, published by whoever changed the state last): on
 /// the core the program spins on, a real-time thread that takes the lock
 /// preempts the poller holding it, spins, sleeps on it, and is woken again
 /// when the poller lets go. (A timer it might miss so is one that a
 /// thread armed without publishing; `wake_for` covers the race between
 /// publishing and this read.)
-fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) -> bool {
+fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
     let now = sh.clock();
     let last = sh.last_active().unwrap_or(now);
     let bound = last.saturating_add(away_for);
@@ -1861,10 +1852,10 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) -> bool {
     // one after the read sees this and wakes us (`Shared::wake_for`).
     sh.sleeping_until.store(bound, Ordering::SeqCst);
     let due = sh.deadline.load(Ordering::SeqCst);
-    let (until, timeout) = if due > now {
+    let timeout = if due > now {
         let until = due.min(bound);
         sh.sleeping_until.store(until, Ordering::SeqCst);
-        (until, Duration::from_nanos(until.saturating_sub(now)))
+        Duration::from_nanos(until.saturating_sub(now))
     } else {
         let mut st = sh.state.lock();
         st.run_due_timers(&sh.socket);
@@ -1872,26 +1863,22 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) -> bool {
         let now = st.now().0;
         let until = deadline.map_or(u64::MAX, |d| d.0).min(bound);
         sh.sleeping_until.store(until, Ordering::SeqCst);
-        (until, Duration::from_nanos(until.saturating_sub(now)))
+        Duration::from_nanos(until.saturating_sub(now))
     };
     // A thread about to sleep checks `away` after saying so; we check what
     // it said after setting `away`: one of the two sees the other.
     sh.away.store(true, Ordering::SeqCst);
-    let mut slept_to_bound = false;
     if !sh.sleeper.load(Ordering::SeqCst) {
-        watch.sleeping(true);
+        watch.sleeping(true, now);
         sh.away_sleeps.fetch_add(1, Ordering::Relaxed);
-        let timed_out = sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
-        slept_to_bound = timed_out && until == bound;
+        sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
-    slept_to_bound
 }
 
-/// poll(2) on `fds` for up to `timeout`, then take any wake-up; whether
-/// it timed out.
-fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) -> bool {
+/// poll(2) on `fds` for up to `timeout`, then take any wake-up.
+fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) {
     let ts = Timespec::try_from(timeout).unwrap_or(Timespec {
         tv_sec: 0,
         tv_nsec: 100_000_000,
@@ -1903,9 +1890,7 @@ fn sleep(sh: &Shared, fds: &mut [PollFd<'_>], timeout: Duration) -> bool {
     if ready != Ok(0) {
         let mut counter = [0u8; 8];
         let _ = rustix::io::read(sh.wake.as_fd(), &mut counter);
-        return false;
     }
-    true
 }
 
 #[cfg(test)]

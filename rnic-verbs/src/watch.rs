@@ -24,10 +24,11 @@
 //!   unseen by it; so what counts is who took the packets.)
 //! - Then it sleeps without the socket for as long as threads keep polling
 //!   or posting, and for at most [`AWAY_MAX`] after the last poll or post.
-//!   Timers still wake it. Each time it wakes to find the threads still
-//!   polling, it sleeps twice as long (up to [`AWAY_LONGEST`]); back on
-//!   the socket for any reason, it starts again from [`AWAY_MAX`]. Each
-//!   wake-up preempts a program that spins (the engine thread runs in
+//!   Timers still wake it. The longer the threads have kept at it, the
+//!   longer it leaves the socket unwatched: as long as it has been away,
+//!   from [`AWAY_MAX`] up to [`AWAY_LONGEST`]; back on the socket for any
+//!   reason, it starts again from [`AWAY_MAX`]. Each wake-up preempts a
+//!   program that spins (the engine thread runs in
 //!   real time on its program's core): a thousand a second cost an
 //!   emulated CPU's ping-pong about half its speed (see
 //!   [`AWAY_LONGEST`]).
@@ -65,8 +66,7 @@ pub const LEAVE_AFTER: u64 = 64;
 /// when the engine thread has just left it to pollers.
 pub const AWAY_MAX: u64 = 1_000_000;
 /// The longest the socket goes unwatched after the last poll or post (ns),
-/// reached by doubling [`AWAY_MAX`] each time the engine thread found the
-/// pollers still at it.
+/// once the engine thread has been away that long.
 ///
 /// Measured in the rdma_rxe VM (two emulated vCPUs, `rnic perf write --lat
 /// -s 64`, both programs spinning): with a wake-up per millisecond, each
@@ -95,10 +95,9 @@ pub struct Watch {
     /// A thread said it would sleep until a completion: watch for
     /// everything (RC responses too) until then.
     sleeper_until: u64,
-    /// How long the socket may go unwatched after the last poll or post
-    /// now, if more than the shortest (see [`Watch::away_for`]); 0 when
-    /// back on the socket.
-    away_for: u64,
+    /// Since when the engine thread has left the socket to pollers without
+    /// coming back (see [`Watch::away_for`]).
+    away_since: Option<u64>,
 }
 
 impl Default for Watch {
@@ -109,7 +108,7 @@ impl Default for Watch {
             was_away: false,
             stay: STAY_MIN,
             sleeper_until: 0,
-            away_for: 0,
+            away_since: None,
         }
     }
 }
@@ -124,27 +123,26 @@ impl Watch {
             && last_active.is_some_and(|p| now.saturating_sub(p) < away_max)
     }
 
-    /// How long the socket may go unwatched after the last poll or post,
-    /// given the shortest (`AWAY_MAX`, longer in tests): that at first,
-    /// twice as long for each time [`Watch::still_away`] was called since
-    /// the engine thread last watched, up to [`AWAY_LONGEST`] (or the
-    /// shortest, if longer).
-    pub fn away_for(&self, shortest: u64) -> u64 {
-        self.away_for.clamp(shortest, shortest.max(AWAY_LONGEST))
+    /// How long the socket may go unwatched after the last poll or post at
+    /// `now`, given the shortest (`AWAY_MAX`, longer in tests): as long as
+    /// the engine thread has been away without coming back, at least the
+    /// shortest, at most [`AWAY_LONGEST`] (or the shortest, if longer).
+    /// So it looks after 1 ms and again 1 ms later, then after 2 and 4 ms,
+    /// then every 8 ms, whatever else (a timer) woke it meanwhile.
+    pub fn away_for(&self, now: u64, shortest: u64) -> u64 {
+        let away = self.away_since.map_or(0, |t| now.saturating_sub(t));
+        away.clamp(shortest, shortest.max(AWAY_LONGEST))
     }
 
-    /// The engine thread woke away from the socket and stays away (the
-    /// pollers are still at it): next time it may sleep twice as long.
-    pub fn still_away(&mut self, shortest: u64) {
-        self.away_for = self.away_for(shortest).saturating_mul(2);
-    }
-
-    /// The engine thread is about to sleep: `away` as [`Watch::away`] said.
-    /// Watching the socket, it starts again from the shortest time away.
-    pub fn sleeping(&mut self, away: bool) {
+    /// The engine thread is about to sleep at `now`: `away` as
+    /// [`Watch::away`] said. Watching the socket, it starts again from the
+    /// shortest time away.
+    pub fn sleeping(&mut self, away: bool, now: u64) {
         self.was_away = away;
         if !away {
-            self.away_for = 0;
+            self.away_since = None;
+        } else if self.away_since.is_none() {
+            self.away_since = Some(now);
         }
     }
 
@@ -271,14 +269,14 @@ mod tests {
         learn(&mut w, t);
         t += 1_000_000;
         assert!(w.away(t, Some(t - 10), AWAY_MAX));
-        w.sleeping(true);
+        w.sleeping(true, 0);
         // Nothing waited: the pollers took everything.
         assert!(!w.back(t + AWAY_MAX, 0));
         assert!(w.away(t + AWAY_MAX + 20, Some(t + AWAY_MAX + 10), AWAY_MAX));
         // A packet waited (a program spinning on memory, say), again and
         // again: the engine stays STAY_MIN, then twice that, ...
         for stay in [STAY_MIN, 2 * STAY_MIN, 4 * STAY_MIN] {
-            w.sleeping(true);
+            w.sleeping(true, 0);
             t += 3 * AWAY_MAX;
             assert!(w.back(t, 1));
             assert!(!w.away(t + 10, Some(t + 5), AWAY_MAX));
@@ -290,9 +288,9 @@ mod tests {
             assert!(w.away(t, Some(t - 1), AWAY_MAX), "{stay}");
         }
         // Pollers that leave with nothing waiting halve it.
-        w.sleeping(true);
+        w.sleeping(true, 0);
         w.back(t + AWAY_MAX, 0);
-        w.sleeping(true);
+        w.sleeping(true, 0);
         t += 3 * AWAY_MAX;
         w.back(t, 1);
         assert!(!w.away(t + 4 * STAY_MIN - 1, Some(t + 4 * STAY_MIN - 2), AWAY_MAX));
@@ -301,30 +299,39 @@ mod tests {
     }
 
     #[test]
-    fn away_the_engine_sleeps_longer_each_time_the_pollers_are_still_at_it() {
+    fn the_longer_the_engine_has_been_away_the_longer_it_stays_away() {
         let mut w = Watch::default();
-        assert_eq!(w.away_for(AWAY_MAX), AWAY_MAX);
-        let mut want = AWAY_MAX;
-        for _ in 0..8 {
-            w.sleeping(true);
-            w.still_away(AWAY_MAX);
-            want = (want * 2).min(AWAY_LONGEST);
-            assert_eq!(w.away_for(AWAY_MAX), want);
+        let t = 5_000_000;
+        assert_eq!(w.away_for(t, AWAY_MAX), AWAY_MAX);
+        w.sleeping(true, t);
+        // Each look: after 1 ms, 2, 4, 8, then every 8 ms; a timer that
+        // woke it between looks changes nothing.
+        let mut now = t;
+        for want in [AWAY_MAX, AWAY_MAX, 2 * AWAY_MAX, 4 * AWAY_MAX, AWAY_LONGEST] {
+            assert_eq!(w.away_for(now, AWAY_MAX), want, "{}", now - t);
+            now += want;
+            w.sleeping(true, now - want / 2);
         }
-        assert_eq!(want, AWAY_LONGEST, "bounded");
+        assert_eq!(
+            w.away_for(now + 1_000 * AWAY_LONGEST, AWAY_MAX),
+            AWAY_LONGEST,
+            "bounded"
+        );
         // Back on the socket, for whatever reason: from the shortest again.
-        w.sleeping(false);
-        assert_eq!(w.away_for(AWAY_MAX), AWAY_MAX);
+        w.sleeping(false, now);
+        assert_eq!(w.away_for(now + AWAY_LONGEST, AWAY_MAX), AWAY_MAX);
+        w.sleeping(true, now + AWAY_LONGEST);
+        assert_eq!(w.away_for(now + AWAY_LONGEST, AWAY_MAX), AWAY_MAX);
         // A test's shortest, longer than the longest, is kept as it is.
-        w.still_away(60 * AWAY_LONGEST);
-        assert_eq!(w.away_for(60 * AWAY_LONGEST), 60 * AWAY_LONGEST);
+        let long = 60 * AWAY_LONGEST;
+        assert_eq!(w.away_for(now + 2 * long, long), long);
     }
 
     #[test]
     fn the_stay_is_bounded() {
         let mut w = Watch::default();
         for i in 0..64 {
-            w.sleeping(true);
+            w.sleeping(true, 0);
             w.back(i, 1);
         }
         assert_eq!(w.stay, STAY_MAX);
@@ -334,7 +341,7 @@ mod tests {
     fn packets_found_after_watching_are_not_counted_as_waiting() {
         let mut w = Watch::default();
         learn(&mut w, 5_000_000);
-        w.sleeping(false);
+        w.sleeping(false, 0);
         w.back(7_000_000, 5);
         assert!(
             w.away(7_000_010, Some(7_000_000), AWAY_MAX),
