@@ -2,7 +2,8 @@
  * still has that request acknowledged, as a hardware NIC would have done:
  * nothing is destroyed or closed, the process just returns from main.
  *
- * Two processes, each its own rnic device (127.0.0.202 and .203), play
+ * Two processes, each its own rnic device (127.0.0.202 and .203, or the
+ * addresses given), play
  * ib_write_lat's ping-pong: each WRITEs a counter into the other's buffer
  * and spins on its own for the answer, polling its send CQ for the WRITE's
  * completion in between. The answering process (the child) takes in the
@@ -11,7 +12,8 @@
  * it retransmits to a device that is gone and fails it with
  * IBV_WC_RETRY_EXC_ERR.
  *
- * Usage: exit_acks ROUNDS   (prints "last write acknowledged" on success)
+ * Usage: exit_acks ROUNDS [REQUESTER ANSWERER]
+ *   (prints "last write acknowledged" on success)
  * Built against the installed <infiniband/verbs.h>, run on rnic's library. */
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -134,8 +136,13 @@ static void await_value(struct side *s, uint64_t value)
 
 int main(int argc, char **argv)
 {
-	CHECK(argc == 2);
+	CHECK(argc == 2 || argc == 4);
 	long rounds = atol(argv[1]);
+	/* Each test that runs this its own pair of addresses: tests run at
+	 * once, and one address is one device. */
+	char requester[64], answerer[64];
+	snprintf(requester, sizeof requester, "rnic0=%s", argc == 4 ? argv[2] : "127.0.0.202");
+	snprintf(answerer, sizeof answerer, "rnic0=%s", argc == 4 ? argv[3] : "127.0.0.203");
 	CHECK(rounds >= 1);
 	int up[2], down[2];
 	CHECK(pipe(up) == 0 && pipe(down) == 0);
@@ -145,7 +152,7 @@ int main(int argc, char **argv)
 	struct peer p;
 	if (child == 0) {
 		/* The answering side: answers every WRITE but the last. */
-		open_side(&s, "rnic0=127.0.0.203");
+		open_side(&s, answerer);
 		struct peer m = me(&s);
 		CHECK(write(up[1], &m, sizeof m) == sizeof m);
 		CHECK(read(down[0], &p, sizeof p) == sizeof p);
@@ -159,7 +166,7 @@ int main(int argc, char **argv)
 		 * program that exits gets. */
 		return 0;
 	}
-	open_side(&s, "rnic0=127.0.0.202");
+	open_side(&s, requester);
 	struct peer m = me(&s);
 	CHECK(read(up[0], &p, sizeof p) == sizeof p);
 	connect_to(&s, &p);
