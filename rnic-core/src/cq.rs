@@ -18,6 +18,9 @@ pub struct Cq {
     depth: usize,
     overruns: u64,
     error: bool,
+    /// In its table's list of queues with completions to hand over (see
+    /// [`CqTable::take_pending`]).
+    listed: bool,
 }
 
 impl Cq {
@@ -28,6 +31,7 @@ impl Cq {
             depth,
             overruns: 0,
             error: false,
+            listed: false,
         }
     }
 
@@ -113,12 +117,47 @@ impl Cq {
 /// A NIC's completion queues, by handle. A destroyed queue's slot is
 /// reused by the next one created, so the table is as long as the most
 /// queues alive at once, however many come and go.
+///
+/// It lists the queues a completion went to since they were last taken
+/// ([`CqTable::take_pending`]): a driver that hands completions over after
+/// each batch of packets looks at those, not at every queue (a thousand
+/// idle queues cost nothing per packet).
 #[derive(Debug, Default)]
 pub struct CqTable {
     slots: Vec<Option<Cq>>,
+    /// Queues completions went to, each once, since last taken (a
+    /// destroyed queue's handle may linger: looking it up finds nothing,
+    /// or its slot's next queue).
+    pending: Vec<CqHandle>,
 }
 
 impl CqTable {
+    /// Put completion `c` on queue `h`: true if this is the queue's first
+    /// overrun ([`Cq::push`]); false too if there is no such queue.
+    pub fn complete(&mut self, h: CqHandle, c: Completion) -> bool {
+        let Some(q) = self.get_mut(h) else {
+            return false;
+        };
+        let overrun = q.push(c);
+        if !q.listed && !q.entries.is_empty() {
+            q.listed = true;
+            self.pending.push(h);
+        }
+        overrun
+    }
+
+    /// Move the queues completions went to since the last call onto the
+    /// end of `out`, each once: a queue a completion went to since it was
+    /// last taken is among them.
+    pub fn take_pending(&mut self, out: &mut Vec<CqHandle>) {
+        for h in self.pending.drain(..) {
+            if let Some(q) = self.slots.get_mut(h.0 as usize).and_then(Option::as_mut) {
+                q.listed = false;
+            }
+            out.push(h);
+        }
+    }
+
     /// Add `cq`; its handle.
     pub fn insert(&mut self, cq: Cq) -> CqHandle {
         let i = crate::mem::free_slot(&mut self.slots);
@@ -163,6 +202,34 @@ mod tests {
             src_qp: None,
             invalidated_rkey: None,
         }
+    }
+
+    #[test]
+    fn the_table_lists_each_queue_a_completion_went_to_once() {
+        let mut t = CqTable::default();
+        let (a, b, idle) = (
+            t.insert(Cq::new(8)),
+            t.insert(Cq::new(8)),
+            t.insert(Cq::new(8)),
+        );
+        let mut out = Vec::new();
+        t.take_pending(&mut out);
+        assert!(out.is_empty(), "nothing completed");
+        assert!(!t.complete(a, done(1)));
+        assert!(!t.complete(b, done(2)));
+        assert!(!t.complete(a, done(3)));
+        t.take_pending(&mut out);
+        assert_eq!(out, [a, b], "each once, the idle queue not at all");
+        out.clear();
+        t.take_pending(&mut out);
+        assert!(out.is_empty(), "taken");
+        // Not yet drained, and completed again: listed again.
+        assert!(!t.complete(b, done(4)));
+        t.take_pending(&mut out);
+        assert_eq!(out, [b]);
+        assert_eq!(t.get(a).unwrap().len(), 2);
+        assert_eq!(t.get(idle).unwrap().len(), 0);
+        assert!(!t.complete(CqHandle(99), done(5)), "no such queue");
     }
 
     #[test]

@@ -921,6 +921,14 @@ impl Nic {
         }
     }
 
+    /// Move the CQs a completion went to since the last call onto the end
+    /// of `out`, each once: only those have anything for
+    /// [`Nic::deliver_cq`] (a driver that hands completions over after each
+    /// batch looks at those, however many CQs there are).
+    pub fn take_pending_cqs(&mut self, out: &mut Vec<CqHandle>) {
+        self.cqs.take_pending(out);
+    }
+
     /// Hand CQ `cq`'s completions to a consumer that already holds
     /// `outside` of them unpolled (a driver that queues completions where the
     /// program polls them): the depth counts both, and completions that do

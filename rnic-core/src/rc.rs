@@ -62,11 +62,9 @@ impl Ctx<'_> {
     }
 
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
-        if let Some(q) = self.cqs.get_mut(cq) {
-            if q.push(c) {
-                self.events.push_back(AsyncEvent::CqError(cq));
-                self.overrun_cqs.push(cq);
-            }
+        if self.cqs.complete(cq, c) {
+            self.events.push_back(AsyncEvent::CqError(cq));
+            self.overrun_cqs.push(cq);
         }
     }
 }

@@ -18,7 +18,7 @@
 //! a peer needs the frame transport (`frames`), which reads the whole IP
 //! header.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -76,6 +76,8 @@ pub(crate) struct EngineState {
     /// CQs their owner let go of while queue pairs still completed into
     /// them: destroyed with the last such queue pair.
     released_cqs: Vec<CqHandle>,
+    /// The CQs [`EngineState::deliver`] looks at, reused.
+    pending_cqs: Vec<CqHandle>,
     pub tap: Option<Sender<TapEvent>>,
     /// Where asynchronous events go, and a descriptor to make readable.
     pub events: Option<(
@@ -335,18 +337,27 @@ impl EngineState {
     /// how many completions went.
     fn deliver(&mut self) -> usize {
         let mut total = 0;
-        for (h, sink) in &self.cqs {
+        // Only the CQs a completion went to since the last time: none, most
+        // times this is called (a batch of ACKs, a post), and never every
+        // CQ of the NIC.
+        let mut pending = std::mem::take(&mut self.pending_cqs);
+        self.nic.take_pending_cqs(&mut pending);
+        for h in pending.drain(..) {
+            let Some(sink) = self.cqs.get(&h) else {
+                continue;
+            };
             // The program's unpolled completions count against the depth.
             let delivered = sink
                 .delivered
-                .deliver(|unpolled, put| self.nic.deliver_cq(*h, unpolled, put));
+                .deliver(|unpolled, put| self.nic.deliver_cq(h, unpolled, put));
             if let Ok(n) = delivered {
                 total += n;
             }
             if let (Ok(1..), Some(n)) = (delivered, &sink.notify) {
-                n.completed(*h);
+                n.completed(h);
             }
         }
+        self.pending_cqs = pending;
         while let Some(e) = self.nic.poll_async_event() {
             if let Some((tx, signal)) = &self.events {
                 let _ = tx.send(e);
@@ -1259,7 +1270,7 @@ impl Engine {
         } else {
             None
         };
-        let mut send_sockets = HashMap::new();
+        let mut send_sockets = HashMap::default();
         let mut nic = Nic::with_secret(addr, secret);
         for &a in &addrs[1..] {
             nic.add_addr(a);
@@ -1309,12 +1320,13 @@ impl Engine {
         let state = EngineState {
             nic,
             start,
-            cqs: HashMap::new(),
+            cqs: HashMap::default(),
             released_cqs: Vec::new(),
+            pending_cqs: Vec::new(),
             tap: None,
             events: None,
             capture: None,
-            qp_spans: HashMap::new(),
+            qp_spans: HashMap::default(),
             send_sockets,
             scope,
             span: span.clone(),

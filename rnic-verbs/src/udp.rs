@@ -149,9 +149,11 @@ impl RecvBatch {
             )
         };
         if n < 0 {
+            // Nothing waiting is what a poller finds most of the time: the
+            // error number alone, not the error's kind (a table lookup).
             let e = io::Error::last_os_error();
-            return match e.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => Ok(0),
                 _ => Err(e),
             };
         }
