@@ -53,6 +53,8 @@ impl Qp {
         // What the other QPs have in flight leaves this one the rest.
         let others = ctx.inflight.saturating_sub(self.counted);
         let budget = NIC_INFLIGHT_PKTS.saturating_sub(others);
+        // Where sending stops: the packet that reaches it asks for an ACK.
+        let limit = self.window.min(budget);
         while self.next_wqe < self.sq.len() {
             if ctx.tx.len() >= REQUEST_BURST {
                 // The rest as the transport takes these: packets are built
@@ -120,7 +122,7 @@ impl Qp {
             let sent = if op.is_local() {
                 self.exec_local(ctx)
             } else {
-                self.send_next_packet(ctx)
+                self.send_next_packet(ctx, limit)
             };
             if !sent {
                 break;
@@ -237,8 +239,10 @@ impl Qp {
         }
     }
 
-    /// Send the next packet of `sq[next_wqe]`; false if the request failed locally.
-    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>) -> bool {
+    /// Send the next packet of `sq[next_wqe]`, `limit` being the most
+    /// packets the window and the NIC's budget let this QP have
+    /// unacknowledged now; false if the request failed locally.
+    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, limit: u32) -> bool {
         let pmtu = self.pmtu();
         let idx = self.next_wqe;
         let k = self.next_pkt;
@@ -307,10 +311,13 @@ impl Qp {
                 }
                 ib.bth.solicited = last && solicited;
                 // UC has no acknowledgements to ask for. The packet that
-                // fills the window asks too: nothing more goes out until
-                // an ACK comes (a window shrunk by a timeout is smaller
-                // than ACK_EVERY).
-                let fills_window = psn.next().forward_from(self.una) >= self.window;
+                // fills the window, or the NIC's budget, asks too: nothing
+                // more goes out until an ACK comes (a window shrunk by a
+                // timeout is smaller than ACK_EVERY; and with a thousand
+                // QPs sharing the budget, each has a few packets of a
+                // message out: without the ask none was acknowledged, the
+                // budget stayed spent, and every QP timed out).
+                let fills_window = psn.next().forward_from(self.una) >= limit;
                 ib.bth.ack_req =
                     (last || (k + 1) % ACK_EVERY == 0 || fills_window) && !self.is_uc();
                 ib.payload_len = take;
