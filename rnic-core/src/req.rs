@@ -122,7 +122,13 @@ impl Qp {
             let sent = if op.is_local() {
                 self.exec_local(ctx)
             } else {
-                self.send_next_packet(ctx, limit)
+                // With other QPs sending, the last packet of this turn asks
+                // too: the QP sends on only when the others have had
+                // theirs. (Alone, it sends on as soon as the transport
+                // has taken the burst, and asks every ACK_EVERY packets.)
+                let ends_burst =
+                    ctx.tx.len() + 1 >= REQUEST_BURST && (others > 0 || !ctx.busy.is_empty());
+                self.send_next_packet(ctx, limit, ends_burst)
             };
             if !sent {
                 break;
@@ -242,7 +248,7 @@ impl Qp {
     /// Send the next packet of `sq[next_wqe]`, `limit` being the most
     /// packets the window and the NIC's budget let this QP have
     /// unacknowledged now; false if the request failed locally.
-    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, limit: u32) -> bool {
+    fn send_next_packet(&mut self, ctx: &mut Ctx<'_>, limit: u32, ends_burst: bool) -> bool {
         let pmtu = self.pmtu();
         let idx = self.next_wqe;
         let k = self.next_pkt;
@@ -318,8 +324,8 @@ impl Qp {
                 // message out: without the ask none was acknowledged, the
                 // budget stayed spent, and every QP timed out).
                 let fills_window = psn.next().forward_from(self.una) >= limit;
-                ib.bth.ack_req =
-                    (last || (k + 1) % ACK_EVERY == 0 || fills_window) && !self.is_uc();
+                ib.bth.ack_req = (last || (k + 1) % ACK_EVERY == 0 || fills_window || ends_burst)
+                    && !self.is_uc();
                 ib.payload_len = take;
             }
             SendOp::Read { remote_addr, rkey } => {

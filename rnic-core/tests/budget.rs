@@ -97,11 +97,11 @@ fn started(seed: u64) -> (Cluster, Vec<(Side, Side)>) {
 
 /// With 1024-byte packets a 64 KiB WRITE is 64 packets, and a transport
 /// that paces what the NIC builds (as the engine does: a burst of 32 per QP
-/// in turn) has every QP cut in the middle of a message when the budget is
+/// in turn) has QPs cut in the middle of a message when the budget is
 /// spent: 32 connections with two WRITEs each, 32 packets each on the way.
-/// Few of those end a message or are a 64th packet (here one QP's first
-/// message went whole); unless the packet that spends the budget asks for
-/// an ACK, after a round or two nothing on the way does, nothing
+/// Few of those end a message or are a 64th packet; unless the packet
+/// that spends the budget (and the last of each QP's burst) asks for an
+/// ACK, after a round or two nothing on the way does, nothing
 /// frees the budget until every QP's ACK timer goes off, and the
 /// retransmissions, under the same budget, go the same way (`rnic perf
 /// write -q 100 -t 2`: 327-476 retransmissions and 0.3 Gb/s where one QP
@@ -109,8 +109,31 @@ fn started(seed: u64) -> (Cluster, Vec<(Side, Side)>) {
 #[test]
 fn when_the_budget_is_spent_a_packet_on_the_way_asks_for_an_ack() {
     let mut c = Cluster::new(5, LinkConfig::perfect(Duration::from_micros(20)), 2);
-    let conns = connect_mtu(&mut c, 32, Mtu::Mtu1024);
-    post_writes(&mut c, &conns);
+    let conns = connect_mtu(&mut c, 33, Mtu::Mtu1024);
+    // One QP with a single 40-packet WRITE: the others' bursts then no
+    // longer add up to the budget at a burst's end, and the packet that
+    // spends it is in the middle of one.
+    let (a, b) = &conns[0];
+    let wr = SendWr {
+        wr_id: 99,
+        op: SendOp::Write {
+            remote_addr: B_IOVA,
+            rkey: b.mr.rkey,
+            imm: None,
+        },
+        sg_list: sg_list![Sge {
+            addr: A_IOVA,
+            length: 40 * 1024,
+            lkey: a.mr.lkey,
+        }],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    let now = c.now;
+    c.nics[0].post_send(now, a.qpn, wr).unwrap();
+    post_writes(&mut c, &conns[1..]);
     let mut sent = Vec::new();
     for _ in 0..10_000 {
         match c.nics[0].poll_built() {
@@ -120,6 +143,22 @@ fn when_the_budget_is_spent_a_packet_on_the_way_asks_for_an_ack() {
         }
     }
     assert_eq!(sent.len(), BUDGET, "the budget leaves, no more");
+    let ack_req = |d: &rnic_core::sim::Datagram| {
+        let p = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
+        rnic_wire::IbRepr::parse(&p).unwrap().bth.ack_req
+    };
+    // Every QP's last packet on the way asks for an ACK.
+    let mut last_of = std::collections::HashMap::new();
+    for d in &sent {
+        let p = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
+        last_of.insert(p.bth().dest_qp(), d);
+    }
+    for (qp, d) in &last_of {
+        assert!(
+            ack_req(d),
+            "QP {qp:#x}'s last packet on the way asks for an ACK"
+        );
+    }
     // The packet that spent the budget asks for the ACK that frees it.
     let last = sent.last().unwrap();
     let p = rnic_wire::IbPacket::new_checked(&last.payload[..]).unwrap();
