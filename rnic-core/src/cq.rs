@@ -150,12 +150,14 @@ impl CqTable {
     /// end of `out`, each once: a queue a completion went to since it was
     /// last taken is among them.
     pub fn take_pending(&mut self, out: &mut Vec<CqHandle>) {
-        for h in self.pending.drain(..) {
-            if let Some(q) = self.slots.get_mut(h.0 as usize).and_then(Option::as_mut) {
+        let mut pending = std::mem::take(&mut self.pending);
+        for h in pending.drain(..) {
+            if let Some(q) = self.get_mut(h) {
                 q.listed = false;
             }
             out.push(h);
         }
+        self.pending = pending;
     }
 
     /// Add `cq`; its handle.

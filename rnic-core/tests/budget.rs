@@ -46,30 +46,35 @@ fn connect_mtu(c: &mut Cluster, n: usize, mtu: Mtu) -> Vec<(Side, Side)> {
 
 /// Two 64 KiB WRITEs on every connection, A's region to B's.
 fn post_writes(c: &mut Cluster, conns: &[(Side, Side)]) {
-    let now = c.now;
-    for (i, (a, b)) in conns.iter().enumerate() {
+    for (i, conn) in conns.iter().enumerate() {
         for k in 0..2u64 {
-            let at = k * u64::from(MSG);
-            let wr = SendWr {
-                wr_id: i as u64 * 2 + k,
-                op: SendOp::Write {
-                    remote_addr: B_IOVA + at,
-                    rkey: b.mr.rkey,
-                    imm: None,
-                },
-                sg_list: sg_list![Sge {
-                    addr: A_IOVA + at,
-                    length: MSG,
-                    lkey: a.mr.lkey,
-                }],
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            };
-            c.nics[0].post_send(now, a.qpn, wr).unwrap();
+            post_write(c, conn, i as u64 * 2 + k, k * u64::from(MSG), MSG);
         }
     }
+}
+
+/// A WRITE of `len` bytes at offset `at` of A's region to the same offset
+/// of B's.
+fn post_write(c: &mut Cluster, (a, b): &(Side, Side), wr_id: u64, at: u64, len: u32) {
+    let wr = SendWr {
+        wr_id,
+        op: SendOp::Write {
+            remote_addr: B_IOVA + at,
+            rkey: b.mr.rkey,
+            imm: None,
+        },
+        sg_list: sg_list![Sge {
+            addr: A_IOVA + at,
+            length: len,
+            lkey: a.mr.lkey,
+        }],
+        signaled: true,
+        solicited: false,
+        fence: false,
+        inline: None,
+    };
+    let now = c.now;
+    c.nics[0].post_send(now, a.qpn, wr).unwrap();
 }
 
 fn completions(c: &mut Cluster, conns: &[(Side, Side)]) -> Vec<(u64, WcStatus)> {
@@ -113,26 +118,7 @@ fn when_the_budget_is_spent_a_packet_on_the_way_asks_for_an_ack() {
     // One QP with a single 40-packet WRITE: the others' bursts then no
     // longer add up to the budget at a burst's end, and the packet that
     // spends it is in the middle of one.
-    let (a, b) = &conns[0];
-    let wr = SendWr {
-        wr_id: 99,
-        op: SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey: b.mr.rkey,
-            imm: None,
-        },
-        sg_list: sg_list![Sge {
-            addr: A_IOVA,
-            length: 40 * 1024,
-            lkey: a.mr.lkey,
-        }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
-    let now = c.now;
-    c.nics[0].post_send(now, a.qpn, wr).unwrap();
+    post_write(&mut c, &conns[0], 99, 0, 40 * 1024);
     post_writes(&mut c, &conns[1..]);
     let mut sent = Vec::new();
     for _ in 0..10_000 {
@@ -143,28 +129,22 @@ fn when_the_budget_is_spent_a_packet_on_the_way_asks_for_an_ack() {
         }
     }
     assert_eq!(sent.len(), BUDGET, "the budget leaves, no more");
-    let ack_req = |d: &rnic_core::sim::Datagram| {
+    let bth = |d: &rnic_core::sim::Datagram| {
         let p = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
-        rnic_wire::IbRepr::parse(&p).unwrap().bth.ack_req
+        rnic_wire::IbRepr::parse(&p).unwrap().bth
     };
     // Every QP's last packet on the way asks for an ACK.
     let mut last_of = std::collections::HashMap::new();
     for d in &sent {
-        let p = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
-        last_of.insert(p.bth().dest_qp(), d);
+        let h = bth(d);
+        last_of.insert(h.dest_qp, h.ack_req);
     }
-    for (qp, d) in &last_of {
-        assert!(
-            ack_req(d),
-            "QP {qp:#x}'s last packet on the way asks for an ACK"
-        );
+    for (qp, asks) in &last_of {
+        assert!(asks, "QP {qp:#x}'s last packet on the way asks for an ACK");
     }
     // The packet that spent the budget asks for the ACK that frees it.
-    let last = sent.last().unwrap();
-    let p = rnic_wire::IbPacket::new_checked(&last.payload[..]).unwrap();
-    let bth = rnic_wire::IbRepr::parse(&p).unwrap().bth;
     assert!(
-        bth.ack_req,
+        bth(sent.last().unwrap()).ack_req,
         "the packet that spent the budget asks for an ACK"
     );
 }
