@@ -130,6 +130,9 @@ pub(crate) struct EngineState {
     answers: u8,
     /// Polls that found nothing to take in and nothing to send, ever.
     empty_polls: u64,
+    /// The last poll (`Engine::progress`) took nothing in: the next asks
+    /// for one message.
+    polled_dry: bool,
     /// `empty_polls` when a batch taken in last left ACKs to send, until
     /// a post counted it.
     acked_after: Option<u64>,
@@ -383,10 +386,11 @@ impl EngineState {
         socket: &UdpSocket,
         may_hold: bool,
         program_active: bool,
+        most: usize,
     ) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
         // errors: nothing to receive this round.
-        let n = self.rx.recv(rx.fd()).unwrap_or_default();
+        let n = self.rx.recv_at_most(rx.fd(), most).unwrap_or_default();
         let mut got = Received {
             packets: 0,
             unpolled: 0,
@@ -900,12 +904,20 @@ impl Shared {
         if on {
             self.steered_once.store(true, Ordering::Relaxed);
             for _ in 0..STEER_DRAIN {
-                if st.receive(self.rx(), &self.socket, false, false).packets < crate::udp::BATCH {
+                if st
+                    .receive(self.rx(), &self.socket, false, false, crate::udp::BATCH)
+                    .packets
+                    < crate::udp::BATCH
+                {
                     break;
                 }
             }
         } else if let Some(r) = self.responses_rx() {
-            while st.receive(r, &self.socket, false, false).packets > 0 {}
+            while st
+                .receive(r, &self.socket, false, false, crate::udp::BATCH)
+                .packets
+                > 0
+            {}
         }
         self.publish(&st);
         self.steering.store(on, Ordering::SeqCst);
@@ -1340,6 +1352,7 @@ impl Engine {
             held_for_answer: false,
             answers: 0,
             empty_polls: 0,
+            polled_dry: false,
             acked_after: None,
             acked_at: Time(0),
             answer_time: 0,
@@ -1504,15 +1517,25 @@ impl Engine {
             st.pump(&sh.socket);
         }
         let away = sh.away.load(Ordering::SeqCst);
+        // After a poll that found nothing, one message: what a ping-pong's
+        // poller finds, the answer (with the ACK that came with it: one
+        // GSO send, one message). Asking for a batch, the kernel would
+        // fill one header and then fail on the next, which costs about
+        // what an empty receive does (`recvmmsg` with 64 B WRITEs
+        // ping-ponging: 3,400 cycles a receive asking for one, 4,000 for a
+        // batch). A thread that finds something at its next poll again
+        // asks for a batch: a stream pays one system call more per spell.
+        let most = if st.polled_dry { 1 } else { crate::udp::BATCH };
         // Requests (and, unless steered apart, responses), then the
         // responses steered apart.
-        let mut received = st.receive(sh.rx(), &sh.socket, away, true).packets;
+        let mut received = st.receive(sh.rx(), &sh.socket, away, true, most).packets;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            received += st.receive(r, &sh.socket, away, true).packets;
+            received += st.receive(r, &sh.socket, away, true, most).packets;
         }
+        st.polled_dry = received == 0;
         if received > 0 {
             sh.polled_packets
                 .fetch_add(received as u64, Ordering::Relaxed);
@@ -1630,6 +1653,10 @@ impl Engine {
     pub(crate) fn set_gso(&self, on: bool) {
         self.shared.state.lock().gso = on;
     }
+    /// Packets polling threads took in, ever.
+    pub fn polled_packets(&self) -> u64 {
+        self.shared.polled_packets.load(Ordering::Relaxed)
+    }
     /// Packets the engine thread took in, ever.
     pub fn engine_packets(&self) -> u64 {
         self.shared.engine_packets.load(Ordering::Relaxed)
@@ -1732,7 +1759,7 @@ fn run(sh: &Shared, realtime: bool) {
             sh.steer(sh.pinned(false));
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
-                let got = st.receive(r, &sh.socket, false, false);
+                let got = st.receive(r, &sh.socket, false, false, crate::udp::BATCH);
                 sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 if got.packets > 0 {
@@ -1764,7 +1791,7 @@ fn run(sh: &Shared, realtime: bool) {
                 // the lock before the next batch of a flood.
                 let mut st = sh.state.lock();
                 let active = Watch::pollers_about(sh.clock(), sh.last_active());
-                let got = st.receive(rx, &sh.socket, false, active);
+                let got = st.receive(rx, &sh.socket, false, active, crate::udp::BATCH);
                 sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 received += got.packets;

@@ -1847,6 +1847,36 @@ mod tests {
         p
     }
 
+    /// A poll after one that found nothing asks for one message (what a
+    /// ping-pong's poller finds); the next asks for a batch.
+    #[test]
+    fn a_poll_after_a_dry_one_takes_one_message_in() {
+        let p = pair_away();
+        let to = std::net::SocketAddr::new(p.a.engine.addr, crate::engine::ROCE_PORT);
+        let peer = std::net::UdpSocket::bind((to.ip(), 0)).unwrap();
+        // The engine thread comes back TEST_AWAY after the last poll: a
+        // test thread held up that long tries again.
+        for _ in 0..5 {
+            assert!(p.a_rcq.try_next().is_none(), "a dry poll");
+            let (engine, polled) = (p.a.engine.engine_packets(), p.a.engine.polled_packets());
+            // Three datagrams, three messages (not RoCE: each is counted
+            // as malformed, and as a packet taken in).
+            for b in [1u8, 2, 3] {
+                peer.send_to(&[b], to).unwrap();
+            }
+            p.a.engine.progress();
+            let first = p.a.engine.polled_packets() - polled;
+            p.a.engine.progress();
+            let second = p.a.engine.polled_packets() - polled - first;
+            if p.a.engine.engine_packets() != engine {
+                continue;
+            }
+            assert_eq!((first, second), (1, 2));
+            return;
+        }
+        panic!("the engine thread took the datagrams in every time");
+    }
+
     /// While a's engine thread leaves the socket to a poller, a's posts
     /// wait for a's next poll, which sends them; if no poll comes, the
     /// engine thread sends them when it looks again.

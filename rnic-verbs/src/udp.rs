@@ -123,6 +123,15 @@ impl RecvBatch {
 
     /// Receive up to [`BATCH`] datagrams without blocking; how many (0 if none waits).
     pub fn recv(&mut self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.recv_at_most(fd, BATCH)
+    }
+
+    /// [`RecvBatch::recv`], but at most `most` messages (1 to [`BATCH`]).
+    /// Having filled a header, the kernel tries the next one, and when
+    /// nothing more waits that try costs about what an empty receive
+    /// does (a header and its iovec copied in, the socket queue locked):
+    /// a caller that expects one message saves it by asking for one.
+    pub fn recv_at_most(&mut self, fd: BorrowedFd<'_>, most: usize) -> io::Result<usize> {
         let control = if self.controls.is_empty() {
             0
         } else {
@@ -143,7 +152,7 @@ impl RecvBatch {
             libc::recvmmsg(
                 fd.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
-                BATCH as libc::c_uint,
+                most.clamp(1, BATCH) as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )
