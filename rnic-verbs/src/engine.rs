@@ -386,6 +386,18 @@ impl EngineState {
         socket: &UdpSocket,
         may_hold: bool,
         program_active: bool,
+    ) -> Received {
+        self.receive_at_most(rx, socket, may_hold, program_active, crate::udp::BATCH)
+    }
+
+    /// [`EngineState::receive`], of at most `most` messages (see
+    /// [`crate::udp::RecvBatch::recv_at_most`]).
+    fn receive_at_most(
+        &mut self,
+        rx: Rx<'_>,
+        socket: &UdpSocket,
+        may_hold: bool,
+        program_active: bool,
         most: usize,
     ) -> Received {
         // ICMP errors from earlier sends (port unreachable) surface here as
@@ -904,20 +916,12 @@ impl Shared {
         if on {
             self.steered_once.store(true, Ordering::Relaxed);
             for _ in 0..STEER_DRAIN {
-                if st
-                    .receive(self.rx(), &self.socket, false, false, crate::udp::BATCH)
-                    .packets
-                    < crate::udp::BATCH
-                {
+                if st.receive(self.rx(), &self.socket, false, false).packets < crate::udp::BATCH {
                     break;
                 }
             }
         } else if let Some(r) = self.responses_rx() {
-            while st
-                .receive(r, &self.socket, false, false, crate::udp::BATCH)
-                .packets
-                > 0
-            {}
+            while st.receive(r, &self.socket, false, false).packets > 0 {}
         }
         self.publish(&st);
         self.steering.store(on, Ordering::SeqCst);
@@ -1528,12 +1532,14 @@ impl Engine {
         let most = if st.polled_dry { 1 } else { crate::udp::BATCH };
         // Requests (and, unless steered apart, responses), then the
         // responses steered apart.
-        let mut received = st.receive(sh.rx(), &sh.socket, away, true, most).packets;
+        let mut received = st
+            .receive_at_most(sh.rx(), &sh.socket, away, true, most)
+            .packets;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            received += st.receive(r, &sh.socket, away, true, most).packets;
+            received += st.receive_at_most(r, &sh.socket, away, true, most).packets;
         }
         st.polled_dry = received == 0;
         if received > 0 {
@@ -1759,7 +1765,7 @@ fn run(sh: &Shared, realtime: bool) {
             sh.steer(sh.pinned(false));
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
-                let got = st.receive(r, &sh.socket, false, false, crate::udp::BATCH);
+                let got = st.receive(r, &sh.socket, false, false);
                 sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 if got.packets > 0 {
@@ -1791,7 +1797,7 @@ fn run(sh: &Shared, realtime: bool) {
                 // the lock before the next batch of a flood.
                 let mut st = sh.state.lock();
                 let active = Watch::pollers_about(sh.clock(), sh.last_active());
-                let got = st.receive(rx, &sh.socket, false, active, crate::udp::BATCH);
+                let got = st.receive(rx, &sh.socket, false, active);
                 sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 received += got.packets;
