@@ -331,7 +331,16 @@ fn bandwidth(
 ) -> Res<Bw> {
     let n = l.qps.len();
     let mut outstanding = vec![0u32; n];
-    let qp_index = |qpn: u32| l.qps.iter().position(|q| q.qpn() == qpn);
+    // The tool's own work per completion must not grow with the number of
+    // QPs (the 1,000-QP figure would measure it): a map from QP number to
+    // index, and only the QPs a completion freed are looked at again.
+    let index: std::collections::HashMap<u32, usize> = l
+        .qps
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q.qpn(), i))
+        .collect();
+    let mut refill: Vec<usize> = (0..n).collect();
     let (mut posted, mut done, mut failures) = (0u64, 0u64, 0u64);
     let start = Instant::now();
     let mut window = (start, 0u64);
@@ -341,9 +350,9 @@ fn bandwidth(
         Limit::Time(d) => start.elapsed() < d,
     };
     loop {
-        for (i, qp) in l.qps.iter().enumerate() {
+        for i in refill.drain(..) {
             while outstanding[i] < depth && more(posted, start) && failures == 0 {
-                qp.post_send(wr(op, &l.mr, &remote[i], posted, size))?;
+                l.qps[i].post_send(wr(op, &l.mr, &remote[i], posted, size))?;
                 outstanding[i] += 1;
                 posted += 1;
             }
@@ -365,8 +374,9 @@ fn bandwidth(
                 }
                 failures += 1;
             }
-            if let Some(i) = qp_index(c.qp_num) {
+            if let Some(&i) = index.get(&c.qp_num) {
                 outstanding[i] = outstanding[i].saturating_sub(1);
+                refill.push(i);
             }
         }
         match limit {
