@@ -1541,6 +1541,8 @@ mod tests {
         b_scq: CompletionQueue,
         b_qp: QueuePair,
         b_mr: MemoryRegion,
+        a_pd: ProtectionDomain,
+        b_pd: ProtectionDomain,
     }
 
     fn pair() -> Pair {
@@ -1571,6 +1573,8 @@ mod tests {
             _a_qp: a_qp,
             b_scq,
             b_qp,
+            a_pd: pa,
+            b_pd: pb,
         }
     }
 
@@ -1875,6 +1879,141 @@ mod tests {
             return;
         }
         panic!("the engine thread took the datagrams in every time");
+    }
+
+    /// A WRITE from a to b of more packets than one pump builds: a's
+    /// source and b's target regions, the source filled.
+    fn long_write(p: &Pair) -> (SendWr, MemoryRegion, MemoryRegion, Vec<u8>) {
+        // 256 packets of 1 KiB: a pump builds PUMP_BURSTS bursts of at
+        // most 32 requests, and leaves the NIC the rest to build.
+        const LEN: usize = 256 << 10;
+        let src = p.a_pd.register(LEN, Access::LOCAL_WRITE).unwrap();
+        let dst = p
+            .b_pd
+            .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        assert!(src.write(0, &data));
+        let wr = SendWr {
+            wr_id: 7,
+            op: SendOp::Write {
+                remote_addr: dst.addr(),
+                rkey: dst.rkey(),
+                imm: None,
+            },
+            sg_list: sg_list![src.sge(0, LEN as u32)],
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: None,
+        };
+        (wr, src, dst, data)
+    }
+
+    /// What arrived in `dst` is `data`.
+    fn landed(dst: &MemoryRegion, data: &[u8]) {
+        let mut got = vec![0u8; data.len()];
+        assert!(dst.read(0, &mut got));
+        assert!(got == data, "the WRITE's bytes landed");
+    }
+
+    /// While a's engine thread leaves the socket to a poller, what a post
+    /// left a's NIC to build is built by the poller's next polls, each
+    /// after taking in what arrived: the engine thread is not woken for it
+    /// (woken, it took the lock from the poller for a pump, and was woken
+    /// again for the rest).
+    ///
+    /// On RC the ACKs that come back find the rest built as they are taken
+    /// in; on UC nothing comes back, and the polls that find nothing build
+    /// it.
+    #[test]
+    fn what_a_post_left_to_build_waits_for_the_next_poll_while_a_thread_polls() {
+        let p = pair_away();
+        let (wr, _src, dst, data) = long_write(&p);
+        let uc = |pd: &ProtectionDomain, cq: &CompletionQueue| {
+            pd.create_qp(QpType::Uc, cq, cq, QpCaps::default(), None)
+                .unwrap()
+        };
+        let (a_uc, b_uc) = (uc(&p.a_pd, &p.a_scq), uc(&p.b_pd, &p.b_scq));
+        let o = ConnectOptions::default();
+        a_uc.connect(&b_uc.endpoint(), &o).unwrap();
+        b_uc.connect(&a_uc.endpoint(), &o).unwrap();
+        for (qp, what) in [(&p._a_qp, "RC"), (&a_uc, "UC")] {
+            // The engine thread comes back TEST_AWAY after the last poll:
+            // a test thread held up that long tries again.
+            assert!(dst.write(0, &vec![0; data.len()]));
+            let quiet = (0..5).any(|_| {
+                let sleeps = p.a.engine.away_sleeps();
+                qp.post_send(wr.clone()).unwrap();
+                let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
+                assert_eq!((c.wr_id, c.status), (7, WcStatus::Success), "{what}");
+                p.a.engine.away_sleeps() == sleeps
+            });
+            assert!(
+                quiet,
+                "{what}: a's engine thread was woken for what the poller's polls build, every time"
+            );
+            // The last UC packet may still be on its way.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let mut got = vec![0u8; data.len()];
+            while !(dst.read(0, &mut got) && got == data) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{what}: the bytes land"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// The engine thread away, looking at what is due with more left to
+    /// build than its pump built, looks again at the next timer or its
+    /// bound, not at once (taking the lock from the poller for each pump
+    /// while the poller builds the same).
+    #[test]
+    fn the_engine_thread_away_leaves_what_is_left_to_build_to_the_poller() {
+        let p = pair_away();
+        let (wr, _src, _dst, _data) = long_write(&p);
+        for _ in 0..5 {
+            p._a_qp.post_send(wr.clone()).unwrap();
+            let (left, until, now) = p.a.engine.away_until(u64::MAX);
+            if left {
+                assert!(
+                    until > now,
+                    "the engine thread looks again at once ({until} against {now})"
+                );
+                let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
+                assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+                return;
+            }
+            // The engine thread came back and built it: again.
+            let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
+            assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+        }
+        panic!("the post never left the NIC more to build");
+    }
+
+    /// The same WRITE, and no poll comes after the post: the engine
+    /// thread builds the rest when it looks again.
+    #[test]
+    fn what_a_post_left_to_build_is_built_by_the_engine_thread_if_no_poll_comes() {
+        let p = pair_away();
+        let (wr, _src, dst, data) = long_write(&p);
+        p._a_qp.post_send(wr).unwrap();
+        // Not a poll: the completions delivered so far, counted.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while p.a_scq.is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the WRITE completes");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let c = p.a_scq.try_next().unwrap();
+        assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+        landed(&dst, &data);
+        assert_eq!(
+            p.a.counters().unwrap().completer_retry_err,
+            0,
+            "sent, not left to the retransmission timer"
+        );
     }
 
     /// While a's engine thread leaves the socket to a poller, a's posts
