@@ -425,7 +425,21 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
     let pcap = s.share.join("out/tap.pcap");
     let tcpdump = Command::new("ip")
         .args([
-            "netns", "exec", &s.ns, "tcpdump", "-Z", "root", "-U", "-n", "-s", "0",
+            "netns",
+            "exec",
+            &s.ns,
+            "tcpdump",
+            "-Z",
+            "root",
+            // Each packet handed to tcpdump as it arrives and written at
+            // once: without immediate mode libpcap hands over a buffer when
+            // it fills or a second has passed, and a last case of small
+            // packets could reach the file after it was read.
+            "--immediate-mode",
+            "-U",
+            "-n",
+            "-s",
+            "0",
         ])
         .args(["-i", &tap, "-w"])
         .arg(&pcap)
@@ -485,7 +499,18 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
     let vm = s.children.pop().unwrap();
     let vm = vm.wait_with_output().unwrap();
     // The capture ends with the VM; tcpdump writes each packet as it goes.
-    std::thread::sleep(Duration::from_millis(500));
+    // Read it once it has stopped growing (bounded).
+    let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+    let t0 = Instant::now();
+    let mut last = size();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = size();
+        if now == last || t0.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+        last = now;
+    }
     let results = std::fs::read_to_string(s.share.join("out/results")).unwrap_or_default();
     for c in &CASES {
         let rc = results
