@@ -1910,11 +1910,18 @@ mod tests {
         (wr, src, dst, data)
     }
 
-    /// What arrived in `dst` is `data`.
-    fn landed(dst: &MemoryRegion, data: &[u8]) {
+    /// `data` lands in `dst` (bounded: the last packets of a UC WRITE may
+    /// still be on their way when the sender's completion comes).
+    fn lands(dst: &MemoryRegion, data: &[u8], what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut got = vec![0u8; data.len()];
-        assert!(dst.read(0, &mut got));
-        assert!(got == data, "the WRITE's bytes landed");
+        while !(dst.read(0, &mut got) && got == data) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: the WRITE's bytes land"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// While a's engine thread leaves the socket to a poller, what a post
@@ -1939,9 +1946,9 @@ mod tests {
         a_uc.connect(&b_uc.endpoint(), &o).unwrap();
         b_uc.connect(&a_uc.endpoint(), &o).unwrap();
         for (qp, what) in [(&p._a_qp, "RC"), (&a_uc, "UC")] {
+            assert!(dst.write(0, &vec![0; data.len()]));
             // The engine thread comes back TEST_AWAY after the last poll:
             // a test thread held up that long tries again.
-            assert!(dst.write(0, &vec![0; data.len()]));
             let quiet = (0..5).any(|_| {
                 let sleeps = p.a.engine.away_sleeps();
                 qp.post_send(wr.clone()).unwrap();
@@ -1953,16 +1960,7 @@ mod tests {
                 quiet,
                 "{what}: a's engine thread was woken for what the poller's polls build, every time"
             );
-            // The last UC packet may still be on its way.
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let mut got = vec![0u8; data.len()];
-            while !(dst.read(0, &mut got) && got == data) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{what}: the bytes land"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            lands(&dst, &data, what);
         }
     }
 
@@ -2008,7 +2006,7 @@ mod tests {
         }
         let c = p.a_scq.try_next().unwrap();
         assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
-        landed(&dst, &data);
+        lands(&dst, &data, "RC");
         assert_eq!(
             p.a.counters().unwrap().completer_retry_err,
             0,
