@@ -1881,18 +1881,16 @@ mod tests {
         panic!("the engine thread took the datagrams in every time");
     }
 
-    /// A WRITE from a to b of more packets than one pump builds: a's
-    /// source and b's target regions, the source filled.
-    fn long_write(p: &Pair) -> (SendWr, MemoryRegion, MemoryRegion, Vec<u8>) {
-        // 256 packets of 1 KiB: a pump builds PUMP_BURSTS bursts of at
-        // most 32 requests, and leaves the NIC the rest to build.
-        const LEN: usize = 256 << 10;
-        let src = p.a_pd.register(LEN, Access::LOCAL_WRITE).unwrap();
+    /// A WRITE of `len` bytes from a to b (at PMTU 1024, more packets
+    /// than one pump builds: PUMP_BURSTS bursts of at most 32 requests):
+    /// a's source and b's target regions, the source filled.
+    fn long_write(p: &Pair, len: usize) -> (SendWr, MemoryRegion, MemoryRegion, Vec<u8>) {
+        let src = p.a_pd.register(len, Access::LOCAL_WRITE).unwrap();
         let dst = p
             .b_pd
-            .register(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .register(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
             .unwrap();
-        let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         assert!(src.write(0, &data));
         let wr = SendWr {
             wr_id: 7,
@@ -1901,7 +1899,7 @@ mod tests {
                 rkey: dst.rkey(),
                 imm: None,
             },
-            sg_list: sg_list![src.sge(0, LEN as u32)],
+            sg_list: sg_list![src.sge(0, len as u32)],
             signaled: true,
             solicited: false,
             fence: false,
@@ -1936,7 +1934,9 @@ mod tests {
     #[test]
     fn what_a_post_left_to_build_waits_for_the_next_poll_while_a_thread_polls() {
         let p = pair_away();
-        let (wr, _src, dst, data) = long_write(&p);
+        // One window, 1,024 packets: more than the post's pump and the
+        // next poll's build, so the polls after it find more left.
+        let (wr, _src, dst, data) = long_write(&p, 1 << 20);
         let uc = |pd: &ProtectionDomain, cq: &CompletionQueue| {
             pd.create_qp(QpType::Uc, cq, cq, QpCaps::default(), None)
                 .unwrap()
@@ -1971,7 +1971,7 @@ mod tests {
     #[test]
     fn the_engine_thread_away_leaves_what_is_left_to_build_to_the_poller() {
         let p = pair_away();
-        let (wr, _src, _dst, _data) = long_write(&p);
+        let (wr, _src, _dst, _data) = long_write(&p, 256 << 10);
         for _ in 0..5 {
             p._a_qp.post_send(wr.clone()).unwrap();
             let (left, until, now) = p.a.engine.away_until(u64::MAX);
@@ -1996,7 +1996,7 @@ mod tests {
     #[test]
     fn what_a_post_left_to_build_is_built_by_the_engine_thread_if_no_poll_comes() {
         let p = pair_away();
-        let (wr, _src, dst, data) = long_write(&p);
+        let (wr, _src, dst, data) = long_write(&p, 256 << 10);
         p._a_qp.post_send(wr).unwrap();
         // Not a poll: the completions delivered so far, counted.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
