@@ -1996,7 +1996,7 @@ mod tests {
     #[test]
     fn what_a_post_left_to_build_is_built_by_the_engine_thread_if_no_poll_comes() {
         let p = pair_away();
-        let (wr, _src, dst, data) = long_write(&p, 256 << 10);
+        let (wr, _src, dst, data) = long_write(&p, 1 << 20);
         p._a_qp.post_send(wr).unwrap();
         // Not a poll: the completions delivered so far, counted.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
