@@ -666,8 +666,9 @@ impl EngineState {
     /// poll or post (`pollers_about`): they build it (see
     /// [`EngineState::wake_deadline`]). With none about, nobody else
     /// will: at once, as when it watches the socket (sleeping to its
-    /// bound between pumps, it took 10 ms to build a 1 MiB WRITE posted
-    /// with no poll after it, its time away growing with each look).
+    /// bound between pumps, its time away growing with each look, it
+    /// built a 1 MiB WRITE posted with no poll after it a pump per look,
+    /// and with a test's 50 ms time away past the 67 ms ACK timeout).
     fn away_until(&self, bound: u64, pollers_about: bool) -> u64 {
         if !pollers_about && self.nic.more_to_build() {
             return 0;
