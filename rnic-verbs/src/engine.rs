@@ -222,6 +222,28 @@ impl EngineState {
         None
     }
 
+    /// Give RC or UC QP `qpn` the UDP source port rdma_rxe would, for flow
+    /// entropy (ECMP spreads connections by it): from its address vector's
+    /// flow label if it has one, else from both QP numbers, as the kernel's
+    /// `rdma_get_udp_sport`; sent from a socket of its own (see
+    /// [`EngineState::source_port`]). 4791 if no port could be bound, or
+    /// the QP has no address vector yet. Returns the port.
+    pub fn give_source_port(&mut self, qpn: u32) -> Result<u16, rnic_core::VerbError> {
+        let attr = self.nic.query_qp(qpn)?;
+        let Some(av) = attr.ah_attr else {
+            return Ok(ROCE_PORT);
+        };
+        let preferred = if av.flow_label != 0 {
+            rnic_wire::encap::udp::flow_label_src_port(av.flow_label)
+        } else {
+            rnic_wire::encap::udp::rxe_src_port(qpn, attr.dest_qp_num)
+        };
+        match av.src.and_then(|src| self.source_port(src, preferred)) {
+            Some(p) => self.nic.set_qp_source_port(qpn, p).map(|()| p),
+            None => Ok(ROCE_PORT),
+        }
+    }
+
     /// The scope a socket address needs for `addr`: the interface's index
     /// for a link-local IPv6 address on the frame transport, else 0.
     fn scope_of(&self, addr: IpAddr) -> u32 {

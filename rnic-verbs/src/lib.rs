@@ -1336,18 +1336,10 @@ impl QueuePair {
             max_rd_atomic: o.max_rd_atomic,
             ..QpAttr::default()
         };
-        let remote_qpn = remote.qpn;
         let port = self.dev.call(move |st| {
             let now = st.now();
             st.nic.to_rts(now, qpn, &attr)?;
-            // Flow entropy for ECMP, as rdma_rxe gives it: a source port per
-            // QP pair, from a socket of its own; 4791 if none can be bound.
-            let preferred = rnic_wire::encap::udp::rxe_src_port(qpn, remote_qpn);
-            let src = st.nic.query_qp(qpn)?.ah_attr.and_then(|a| a.src);
-            match src.and_then(|src| st.source_port(src, preferred)) {
-                Some(p) => st.nic.set_qp_source_port(qpn, p).map(|()| p),
-                None => Ok(engine::ROCE_PORT),
-            }
+            st.give_source_port(qpn)
         })??;
         tracing::debug!(device = %self.dev.addr(), qpn, remote = %remote.addr, remote_qpn = remote.qpn, udp_source_port = port, "queue pair connected");
         Ok(())
@@ -1490,6 +1482,11 @@ impl QueuePair {
             st.nic.modify_qp(now, qpn, &attr, mask)?;
             if mask.contains(AttrMask::STATE) && attr.qp_state == QpState::Reset {
                 st.remove_delivered(qpn, st.nic.qp_cqs(qpn));
+            }
+            // A new path (only RC and UC QPs take one): a UDP source port
+            // for it, as rdma_rxe gives it.
+            if mask.contains(AttrMask::AV) {
+                st.give_source_port(qpn)?;
             }
             Ok::<(), VerbError>(())
         })??;

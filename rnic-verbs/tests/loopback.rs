@@ -610,6 +610,93 @@ fn each_connection_sends_from_its_own_udp_source_port() {
     assert_eq!(sent, [want, want]);
 }
 
+/// Take `qp` through INIT, RTR and RTS with `modify`, as ibv_rc_pingpong
+/// does, to `remote`, with `flow_label` in the address vector.
+fn modify_to_rts(qp: &QueuePair, remote: &Endpoint, flow_label: u32) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE | AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT;
+    qp.modify(&init, m).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: Some(AddressVector {
+            dest: remote.addr,
+            src: None,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label,
+        }),
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    qp.modify(&rtr, m).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: qp.endpoint().psn,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    let m = AttrMask::STATE
+        | AttrMask::SQ_PSN
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::MAX_QP_RD_ATOMIC;
+    qp.modify(&rts, m).unwrap();
+}
+
+/// A connection made with `ibv_modify_qp` (the drop-in library's way)
+/// sends from the UDP source port rdma_rxe would give it, as one made with
+/// `connect` does: from both QP numbers, or from the flow label its
+/// address vector carries.
+#[test]
+fn a_connection_made_by_modify_sends_from_rxe_s_udp_source_port() {
+    for flow_label in [0, 0x1_2345] {
+        let (a, b) = (side(), side());
+        modify_to_rts(&a.qp, &b.qp.endpoint(), flow_label);
+        modify_to_rts(&b.qp, &a.qp.endpoint(), 0);
+        let tap = a._dev.tap().unwrap();
+        a.qp.post_send(wr(
+            1,
+            SendOp::Write {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+                imm: None,
+            },
+            vec![a.mr.sge(0, 64)],
+        ))
+        .unwrap();
+        assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
+        let sent: Vec<u16> = tap
+            .try_iter()
+            .filter(|e| e.sent)
+            .map(|e| e.datagram.src_port)
+            .collect();
+        let want = match flow_label {
+            0 => rnic_wire::encap::udp::rxe_src_port(a.qp.qpn(), b.qp.qpn()),
+            fl => rnic_wire::encap::udp::flow_label_src_port(fl),
+        };
+        assert_eq!(sent, [want], "flow label {flow_label:#x}");
+    }
+}
+
 #[test]
 fn builder_modify_and_query_as_ibv_modify_qp_does() {
     let dev = Device::open_loopback().unwrap();

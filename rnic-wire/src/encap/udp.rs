@@ -78,7 +78,14 @@ pub fn rxe_src_port(local_qpn: u32, remote_qpn: u32) -> u16 {
     let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
     v ^= v >> 20;
     v ^= v >> 40;
-    let fl = (v & 0x000F_FFFF) as u32;
+    flow_label_src_port((v & 0x000F_FFFF) as u32)
+}
+
+/// The UDP source port of a 20-bit IPv6 flow label, folded to 14 bits in
+/// 0xC000..=0xFFFF (the kernel's `rdma_flow_label_to_udp_sport`): what
+/// rdma_rxe sends from when the address vector carries a flow label.
+pub fn flow_label_src_port(flow_label: u32) -> u16 {
+    let fl = flow_label & 0x000F_FFFF;
     0xC000 | (((fl & 0x3FFF) ^ (fl >> 14)) as u16 & 0x3FFF)
 }
 
@@ -112,5 +119,17 @@ mod tests {
         assert_eq!(rxe_src_port(0x12, 0xFA_BB8F), 61712);
         assert_eq!(rxe_src_port(0x11, 0x2345), rxe_src_port(0x2345, 0x11));
         assert_eq!(rxe_src_port(0xFF_FFFF, 0xFF_FFFF) & 0xC000, 0xC000);
+    }
+
+    /// The kernel's `rdma_flow_label_to_udp_sport`: the label's low 14 bits
+    /// XOR its top 6, in 0xC000..=0xFFFF; bits above the 20 of a label
+    /// do not count.
+    #[test]
+    fn flow_label_source_ports() {
+        // 0x12345: low 14 bits 0x2345, top 6 bits 0b000100 -> 0x2341.
+        assert_eq!(flow_label_src_port(0x1_2345), 0xE341);
+        assert_eq!(flow_label_src_port(0xF_FFFF), 0xC000 | (0x3FFF ^ 0x3F));
+        assert_eq!(flow_label_src_port(0x3FFF), 0xFFFF);
+        assert_eq!(flow_label_src_port(0x10_0001), flow_label_src_port(1));
     }
 }
