@@ -138,15 +138,16 @@ fn every_packet_on_the_loopback_wire_carries_a_correct_icrc() {
         .unwrap();
     let summary = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{summary}");
-    // "N RoCE v2 packets, 0 ICRC failures": tcpdump drops some of a
-    // stream on loopback, but not most of it.
+    // "N RoCE v2 packets, 0 ICRC failures": tcpdump may drop some of
+    // the stream on loopback (2,800-4,100 captured in all), hardly any of
+    // the demo's 16 and the ping-pong's 800.
     let packets: u64 = summary
         .split(" RoCE v2 packets, 0 ICRC failures")
         .next()
         .and_then(|head| head.split_whitespace().last())
         .and_then(|n| n.replace(',', "").parse().ok())
         .unwrap_or_else(|| panic!("no clean summary in {summary:?}"));
-    assert!(packets >= 1_000, "{packets} packets captured:\n{summary}");
+    assert!(packets >= 500, "{packets} packets captured:\n{summary}");
     for opcode in [
         "RC_SEND_ONLY",
         "RC_RDMA_WRITE_MIDDLE",
