@@ -9,18 +9,24 @@
 //! reads the real header: a capture on the wire catches it here.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A network namespace of the test's own, with its loopback up, and the
-/// capture file; both gone at the end, however the test ends.
+/// A network namespace of the test's own, the tcpdump capturing in it and
+/// the capture file: all gone at the end, however the test ends (deleting
+/// a namespace leaves the processes in it running).
 struct Scratch {
     ns: String,
     pcap: PathBuf,
+    capture: Option<Child>,
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
+        if let Some(mut c) = self.capture.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
         let _ = std::fs::remove_file(&self.pcap);
     }
@@ -53,8 +59,8 @@ fn rnic(ns: &str, args: &[&str]) {
     );
 }
 
-/// The file's size once it has stopped growing (bounded: 20 s).
-fn settled_size(p: &Path) -> u64 {
+/// Wait until the file stops growing (bounded: 20 s).
+fn wait_until_settled(p: &Path) {
     let size = || std::fs::metadata(p).map_or(0, |m| m.len());
     let start = Instant::now();
     let mut last = size();
@@ -62,7 +68,7 @@ fn settled_size(p: &Path) -> u64 {
         std::thread::sleep(Duration::from_millis(300));
         let now = size();
         if now == last || start.elapsed() > Duration::from_secs(20) {
-            return now;
+            return;
         }
         last = now;
     }
@@ -79,9 +85,10 @@ fn settled_size(p: &Path) -> u64 {
 #[test]
 fn every_packet_on_the_loopback_wire_carries_a_correct_icrc() {
     let id = std::process::id();
-    let scratch = Scratch {
+    let mut scratch = Scratch {
         ns: format!("rnic-lo-{id}"),
         pcap: std::env::temp_dir().join(format!("rnic-lo-{id}.pcap")),
+        capture: None,
     };
     let made = Command::new("ip")
         .args(["netns", "add", &scratch.ns])
@@ -100,13 +107,14 @@ fn every_packet_on_the_loopback_wire_carries_a_correct_icrc() {
         );
         return;
     }
-    let ns = scratch.ns.as_str();
+    let ns = scratch.ns.clone();
+    let ns = ns.as_str();
     assert!(Command::new("ip")
         .args(["-n", ns, "link", "set", "lo", "up"])
         .status()
         .unwrap()
         .success());
-    let mut capture = in_ns(ns)
+    let capture = in_ns(ns)
         .args(["tcpdump", "-Z", "root", "--immediate-mode", "-U", "-n"])
         .args(["-B", "65536", "-s", "0", "-i", "lo", "-w"])
         .arg(&scratch.pcap)
@@ -115,6 +123,7 @@ fn every_packet_on_the_loopback_wire_carries_a_correct_icrc() {
         .stderr(Stdio::null())
         .spawn()
         .expect("tcpdump");
+    scratch.capture = Some(capture);
     let start = Instant::now();
     while !scratch.pcap.exists() && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
@@ -126,11 +135,13 @@ fn every_packet_on_the_loopback_wire_carries_a_correct_icrc() {
         &["perf", "write", "-s", "65536", "-m", "1024", "-n", "50"],
     );
     rnic(ns, &["perf", "send", "--lat", "-s", "64", "-n", "200"]);
-    settled_size(&scratch.pcap);
-    let _ = Command::new("kill")
-        .args(["-INT", &capture.id().to_string()])
-        .status();
-    let _ = capture.wait();
+    wait_until_settled(&scratch.pcap);
+    if let Some(mut capture) = scratch.capture.take() {
+        let _ = Command::new("kill")
+            .args(["-INT", &capture.id().to_string()])
+            .status();
+        let _ = capture.wait();
+    }
     let check = Command::new(env!("CARGO_BIN_EXE_rnic"))
         .args(["dump", "--check", "-q"])
         .arg(&scratch.pcap)
