@@ -580,11 +580,11 @@ fn the_callers_own_buffer_is_written_in_place_and_given_back() {
     assert!(matches!(a.mr.into_vec(), Err(Error::NotReturnable)));
 }
 
-#[test]
-fn each_connection_sends_from_its_own_udp_source_port() {
-    let (a, b) = pair();
+/// The UDP source ports of what a's NIC sends for `n` 64-byte WRITEs from
+/// a's QP to b's region, each completed successfully before the next.
+fn source_ports_of_writes(a: &Side, b: &Side, n: u64) -> Vec<u16> {
     let tap = a._dev.tap().unwrap();
-    for id in 0..2 {
+    for id in 0..n {
         a.qp.post_send(wr(
             id,
             SendOp::Write {
@@ -597,11 +597,16 @@ fn each_connection_sends_from_its_own_udp_source_port() {
         .unwrap();
         assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
     }
-    let sent: Vec<u16> = tap
-        .try_iter()
+    tap.try_iter()
         .filter(|e| e.sent)
         .map(|e| e.datagram.src_port)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn each_connection_sends_from_its_own_udp_source_port() {
+    let (a, b) = pair();
+    let sent = source_ports_of_writes(&a, &b, 2);
     assert_eq!(sent.len(), 2);
     // rdma_rxe's choice for this pair of QPs (each device has an address of
     // its own, so the port is free), and the receiver verified the ICRC over
@@ -672,23 +677,7 @@ fn a_connection_made_by_modify_sends_from_rxe_s_udp_source_port() {
         let (a, b) = (side(), side());
         modify_to_rts(&a.qp, &b.qp.endpoint(), flow_label);
         modify_to_rts(&b.qp, &a.qp.endpoint(), 0);
-        let tap = a._dev.tap().unwrap();
-        a.qp.post_send(wr(
-            1,
-            SendOp::Write {
-                remote_addr: b.mr.addr(),
-                rkey: b.mr.rkey(),
-                imm: None,
-            },
-            vec![a.mr.sge(0, 64)],
-        ))
-        .unwrap();
-        assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
-        let sent: Vec<u16> = tap
-            .try_iter()
-            .filter(|e| e.sent)
-            .map(|e| e.datagram.src_port)
-            .collect();
+        let sent = source_ports_of_writes(&a, &b, 1);
         let want = match flow_label {
             0 => rnic_wire::encap::udp::rxe_src_port(a.qp.qpn(), b.qp.qpn()),
             fl => rnic_wire::encap::udp::flow_label_src_port(fl),
