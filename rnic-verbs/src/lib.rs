@@ -1237,7 +1237,11 @@ pub struct ConnectOptions {
     pub rnr_retry: u8,
     /// Remote access allowed to this QP.
     pub access: Access,
-    /// Outstanding READs/atomics, each way.
+    /// Outstanding READs/atomics, each way (max_rd_atomic and
+    /// max_dest_rd_atomic). The default, 16, is what a ConnectX responder
+    /// takes; between rnic NICs up to [`DEVICE_ATTR`]`.max_qp_rd_atom` (128,
+    /// as rdma_rxe) keeps a READ stream of small messages going three
+    /// times faster (`rnic perf read -o`).
     pub max_rd_atomic: u8,
 }
 

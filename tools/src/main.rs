@@ -66,6 +66,10 @@ enum Command {
         /// Messages outstanding at once, per queue pair.
         #[arg(short = 't', long, default_value_t = 64)]
         tx_depth: u32,
+        /// READs and atomics outstanding at once per queue pair, each
+        /// way (max_rd_atomic); the device's maximum if not given.
+        #[arg(short = 'o', long, value_parser = clap::value_parser!(u8).range(1..))]
+        outs: Option<u8>,
         /// Measure latency, one message at a time (WRITE, SEND: half a
         /// ping-pong round trip; READ, atomics: post to completion).
         #[arg(long)]
@@ -250,6 +254,7 @@ fn main() -> ExitCode {
             duration,
             qps,
             tx_depth,
+            outs,
             lat,
             bidir,
             all_sizes,
@@ -285,6 +290,7 @@ fn main() -> ExitCode {
                 json,
                 quiet: false,
                 impair,
+                outs,
             };
             match perf::run(&o) {
                 Ok(true) => ExitCode::SUCCESS,

@@ -100,6 +100,9 @@ pub struct Options {
     pub quiet: bool,
     /// Impair each NIC's egress (loss, duplication, reordering, corruption).
     pub impair: Option<rnic_verbs::Impairment>,
+    /// READs and atomics outstanding at once per queue pair, each way;
+    /// `None`: the device's maximum, as perftest's `-o` defaults to.
+    pub outs: Option<u8>,
 }
 
 impl Options {
@@ -120,7 +123,7 @@ impl Options {
     /// The line the client sends: what the server must do too.
     fn to_line(&self) -> String {
         format!(
-            "rnic-perf op={} size={} iters={} duration_ms={} qps={} depth={} lat={} bidir={} all={} mtu={}",
+            "rnic-perf op={} size={} iters={} duration_ms={} qps={} depth={} lat={} bidir={} all={} mtu={} outs={}",
             self.op.name(),
             self.size,
             self.iterations,
@@ -130,8 +133,15 @@ impl Options {
             u8::from(self.latency),
             u8::from(self.bidir),
             u8::from(self.all_sizes),
-            self.mtu.bytes()
+            self.mtu.bytes(),
+            self.outs.unwrap_or(0)
         )
+    }
+    /// The READs and atomics outstanding at once per QP on `dev`.
+    fn outstanding(&self, dev: &Device) -> u8 {
+        let a = dev.query_device();
+        self.outs
+            .unwrap_or(a.max_qp_init_rd_atom.min(a.max_qp_rd_atom))
     }
     fn adopt(&mut self, line: &str) -> Option<()> {
         let mut it = line.split_whitespace();
@@ -154,6 +164,7 @@ impl Options {
                 "bidir" => self.bidir = v == "1",
                 "all" => self.all_sizes = v == "1",
                 "mtu" => self.mtu = Mtu::from_bytes(v.parse().ok()?)?,
+                "outs" => self.outs = Some(v.parse().ok()?).filter(|&n: &u8| n > 0),
                 _ => {}
             }
         }
@@ -222,6 +233,15 @@ impl Local {
             .collect()
     }
 
+    /// READs and atomics the first QP keeps outstanding (its
+    /// max_rd_atomic, as the NIC has it).
+    fn outstanding(&self) -> Res<u8> {
+        Ok(self
+            .qps
+            .first()
+            .map_or(Ok(0), |q| q.query().map(|a| a.max_rd_atomic))?)
+    }
+
     fn connect(&self, o: &Options, remote: &[EndpointRecord]) -> Res<Vec<RemoteBuffer>> {
         if remote.len() != self.qps.len() {
             return Err(format!(
@@ -233,6 +253,7 @@ impl Local {
         }
         let c = ConnectOptions {
             mtu: o.mtu,
+            max_rd_atomic: o.outstanding(&self.dev),
             ..ConnectOptions::default()
         };
         let mut bufs = Vec::new();
@@ -773,7 +794,9 @@ pub(crate) fn gbit(bytes_per_sec: f64) -> f64 {
     bytes_per_sec * 8.0 / 1e9
 }
 
-fn print_header(o: &Options, out: &mut impl Write) -> io::Result<()> {
+/// `outstanding`: READs and atomics outstanding per QP, as the first QP
+/// has it (see [`Local::outstanding`]).
+fn print_header(o: &Options, outstanding: u8, out: &mut impl Write) -> io::Result<()> {
     if o.json {
         return Ok(());
     }
@@ -782,9 +805,14 @@ fn print_header(o: &Options, out: &mut impl Write) -> io::Result<()> {
         Mode::Server => "server side".to_string(),
         Mode::Client(h) => format!("client of {h}"),
     };
+    let outs = match o.op {
+        Op::Read => format!(", {outstanding} READs outstanding per QP"),
+        Op::Atomic => format!(", {outstanding} atomics outstanding per QP"),
+        Op::Write | Op::Send => String::new(),
+    };
     writeln!(
         out,
-        " RDMA {} {}{}, {} QP(s), PMTU {}, {}",
+        " RDMA {} {}{}, {} QP(s), PMTU {}{}, {}",
         o.op.name().to_uppercase(),
         match (o.latency, o.op.ping_pong()) {
             (false, _) => "bandwidth",
@@ -798,6 +826,7 @@ fn print_header(o: &Options, out: &mut impl Write) -> io::Result<()> {
         },
         o.qps.max(1),
         o.mtu.bytes(),
+        outs,
         how
     )?;
     if o.latency {
@@ -945,7 +974,7 @@ fn run_loopback(o: &Options) -> Res<bool> {
     let run = LoopbackRun::new(o)?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    print_header(o, &mut out)?;
+    print_header(o, run.a.outstanding()?, &mut out)?;
     let mut rows = Vec::new();
     for size in o.sizes() {
         let row = run.measure(o, size)?;
@@ -1035,7 +1064,7 @@ fn run_server(mut o: Options) -> Res<bool> {
     c.send("ready")?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    print_header(&o, &mut out)?;
+    print_header(&o, me.outstanding()?, &mut out)?;
     let mut ok = true;
     for size in o.sizes() {
         c.expect("size")?;
@@ -1089,7 +1118,7 @@ fn run_client(o: &Options, host: &str) -> Res<bool> {
     let server_addr = theirs[0].endpoint.addr;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    print_header(o, &mut out)?;
+    print_header(o, me.outstanding()?, &mut out)?;
     let mut rows = Vec::new();
     for size in o.sizes() {
         c.send(&format!("size {size}"))?;
@@ -1168,6 +1197,7 @@ mod tests {
             json: false,
             quiet: false,
             impair: None,
+            outs: Some(5),
         };
         let mut p = Options {
             op: Op::Write,
@@ -1178,10 +1208,18 @@ mod tests {
             latency: false,
             bidir: false,
             mtu: Mtu::Mtu1024,
+            outs: None,
             ..o.clone()
         };
         p.adopt(&o.to_line()).unwrap();
         assert_eq!(p.to_line(), o.to_line());
+        // The device's maximum goes as 0, and comes back as the default.
+        let dflt = Options {
+            outs: None,
+            ..o.clone()
+        };
+        p.adopt(&dflt.to_line()).unwrap();
+        assert_eq!(p.outs, None);
         assert!(p.adopt("other op=write").is_none());
         assert!(p.adopt("rnic-perf op=nope").is_none());
     }

@@ -89,6 +89,59 @@ fn server_and_client_processes_for_every_operation() {
     }
 }
 
+/// READs and atomics outstanding: the device's maximum unless `-o` says
+/// otherwise (as perftest's `-o`), and a client's `-o` holds for the
+/// server too. The header gives what the QP was set to, read back from it.
+#[test]
+fn outstanding_reads_default_to_the_device_maximum() {
+    let out = rnic(&["perf", "read", "-s", "64", "-n", "200"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("128 READs outstanding per QP"), "{text}");
+    let out = rnic(&["perf", "atomic", "-n", "200", "-o", "4"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(", 4 atomics outstanding per QP"), "{text}");
+    // More than the device takes: a clear error, before anything runs.
+    let out = rnic(&["perf", "read", "-n", "10", "-o", "129"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("max_qp_rd_atom"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let port = (20_000 + (std::process::id() % 1_000) as u16).to_string();
+    let server = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["perf", "read", "--server", "-p", &port])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let client = rnic(&[
+        "perf",
+        "read",
+        "--client",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-s",
+        "64",
+        "-n",
+        "200",
+        "-o",
+        "3",
+    ]);
+    let server = finish(server, Duration::from_secs(30));
+    for (who, out) in [("client", &client), ("server", &server)] {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{who}: {text}");
+        assert!(
+            text.contains(", 3 READs outstanding per QP"),
+            "{who}: {text}"
+        );
+    }
+}
+
 /// Every size in one run: a receive posted for an earlier, smaller size must
 /// never meet a later, larger SEND (each failed with a length error once).
 #[test]

@@ -203,6 +203,7 @@ fn perf_options(op: perf::Op, qps: u32, o: &Options) -> perf::Options {
         json: false,
         quiet: true,
         impair: None,
+        outs: None,
     }
 }
 
