@@ -22,6 +22,7 @@ pub mod rng;
 pub mod sim;
 pub mod srq;
 pub mod time;
+mod txq;
 mod ud;
 pub mod wr;
 

@@ -89,6 +89,9 @@ pub struct Counters {
     pub ud_dropped_no_recv: u64,
     /// Packets that could not be built.
     pub send_err: u64,
+    /// Plain ACKs withdrawn before they left, a newer ACK of the same QP
+    /// saying what they said (coalesced, see the transmit queue).
+    pub acks_coalesced: u64,
     /// Responses dropped because a QP already held its most behind a READ
     /// response (the requester's retry recovers them).
     pub responses_dropped: u64,
@@ -412,7 +415,7 @@ pub struct Nic {
     cqs: CqTable,
     qps: QpTable,
     qpns: Ids,
-    tx: VecDeque<Datagram>,
+    tx: crate::txq::TxQueue,
     /// Packet buffers handed back after sending ([`Nic::recycle`]), reused
     /// for the next packets: a steady flow allocates nothing.
     pool: Vec<Vec<u8>>,
@@ -467,7 +470,7 @@ impl Nic {
             cqs: CqTable::default(),
             qps: QpTable::default(),
             qpns: Ids::new(secret, QPNS.0, QPNS.1),
-            tx: VecDeque::new(),
+            tx: crate::txq::TxQueue::default(),
             pool: Vec::with_capacity(POOL),
             counters: Counters::default(),
             limits: Limits {
@@ -1581,7 +1584,7 @@ impl Nic {
     /// [`Nic::generate_burst`], what a transport that paces what the NIC
     /// builds calls instead of [`Nic::poll_transmit`].
     pub fn poll_built(&mut self) -> Option<Datagram> {
-        self.tx.pop_front()
+        self.tx.pop()
     }
 
     /// Whether READ responses or requests wait to be generated.

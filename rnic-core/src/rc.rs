@@ -23,7 +23,7 @@ pub(crate) struct Ctx<'a> {
     pub addrs: &'a [IpAddr],
     pub mem: &'a mut Memory,
     pub cqs: &'a mut CqTable,
-    pub tx: &'a mut VecDeque<Datagram>,
+    pub tx: &'a mut crate::txq::TxQueue,
     pub counters: &'a mut Counters,
     pub exec_log: &'a mut Option<Vec<Execution>>,
     pub mechanisms: crate::nic::Mechanisms,
@@ -55,10 +55,23 @@ pub(crate) struct Ctx<'a> {
 pub(crate) type Timers = std::collections::BinaryHeap<core::cmp::Reverse<(Time, u32)>>;
 
 impl Ctx<'_> {
-    /// Hand a datagram to the transmit queue.
-    pub fn send(&mut self, d: Datagram) {
+    /// Hand a datagram to the transmit queue; its sequence number there.
+    pub fn send(&mut self, d: Datagram) -> u64 {
         self.counters.sent_pkts += 1;
-        self.tx.push_back(d);
+        self.tx.push(d)
+    }
+
+    /// Take datagram `seq` back out of the transmit queue if it is still
+    /// there (see [`crate::txq`]); whether it was.
+    pub fn withdraw(&mut self, seq: u64) -> bool {
+        let Some(buf) = self.tx.withdraw(seq) else {
+            return false;
+        };
+        self.counters.sent_pkts -= 1;
+        if self.pool.len() < crate::nic::POOL {
+            self.pool.push(buf);
+        }
+        true
     }
 
     pub fn complete(&mut self, cq: CqHandle, c: Completion) {
@@ -383,6 +396,9 @@ pub(crate) struct Qp {
     pub srq: Option<SrqHandle>,
     /// The UDP source port this QP's packets carry, if the driver chose one.
     pub src_port: Option<u16>,
+    /// The transmit queue's number for the last plain ACK this QP queued
+    /// there ([`crate::txq`]): a newer one withdraws it if it has not left.
+    pub queued_ack: Option<u64>,
 }
 
 impl Qp {
@@ -437,6 +453,7 @@ impl Qp {
             scratch: Vec::new(),
             srq: None,
             src_port: None,
+            queued_ack: None,
         }
     }
 
@@ -589,25 +606,35 @@ impl Qp {
     /// Emit a response (ACK, NAK, atomic ACK, empty READ response) to the
     /// connected peer in PSN order: while a READ response is still being
     /// generated, it waits behind it. Consecutive plain ACKs waiting there
-    /// coalesce (each acknowledges everything before it); beyond
+    /// coalesce (each acknowledges everything before it), and so does a
+    /// plain ACK with the last one still in the transmit queue; beyond
     /// [`MAX_QUEUED_RESPONSES`] a response is dropped and counted, which RC
     /// recovers from as from a lost packet.
     pub fn respond(&mut self, ctx: &mut Ctx<'_>, ib: &IbRepr, payload: &[u8]) {
-        if self.responses.is_empty() {
-            self.transmit(ctx, ib, payload);
-            return;
-        }
+        let plain_ack = ib.bth.opcode == rnic_wire::Opcode::RC_ACKNOWLEDGE
+            && matches!(
+                ib.aeth.map(|a| a.syndrome),
+                Some(aeth::Syndrome::Ack { .. })
+            );
         let Some(route) = self.route(ctx) else {
             return;
         };
         let Some(d) = self.build_datagram(ctx, route, ib, payload) else {
             return;
         };
-        let plain_ack = ib.bth.opcode == rnic_wire::Opcode::RC_ACKNOWLEDGE
-            && matches!(
-                ib.aeth.map(|a| a.syndrome),
-                Some(aeth::Syndrome::Ack { .. })
-            );
+        if self.responses.is_empty() {
+            if !plain_ack {
+                ctx.send(d);
+                return;
+            }
+            // The ACK this QP queued before, if it has not left yet, is
+            // said again by this one (coalescing, see `crate::txq`).
+            if self.queued_ack.take().is_some_and(|seq| ctx.withdraw(seq)) {
+                ctx.counters.acks_coalesced += 1;
+            }
+            self.queued_ack = Some(ctx.send(d));
+            return;
+        }
         if let Some(Response::Ready {
             d: last,
             plain_ack: true,

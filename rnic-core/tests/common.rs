@@ -319,6 +319,11 @@ pub fn craft_raw(
     }
 }
 
+/// Everything `nic` has to send now.
+pub fn take_tx(nic: &mut rnic_core::Nic) -> Vec<Datagram> {
+    std::iter::from_fn(|| nic.poll_transmit()).collect()
+}
+
 pub fn psn(v: u32) -> Psn {
     Psn::new(v)
 }

@@ -11,13 +11,8 @@ mod common;
 use common::*;
 use rnic_core::sim::Datagram;
 use rnic_core::wr::{SendOp, WcStatus};
-use rnic_core::Nic;
 use rnic_wire::aeth::{self, Syndrome};
 use rnic_wire::{bth, IbPacket, IbRepr, Opcode, Psn};
-
-fn take_tx(nic: &mut Nic) -> Vec<Datagram> {
-    std::iter::from_fn(|| nic.poll_transmit()).collect()
-}
 
 fn opcodes(sent: &[Datagram]) -> Vec<Opcode> {
     sent.iter()

@@ -9,6 +9,12 @@ use rnic_core::mem::Access;
 use rnic_core::sim::LinkConfig;
 use rnic_core::wr::{InlineData, SendOp, WcOpcode, WcStatus};
 
+/// A datagram's opcode and PSN.
+fn sent(d: &rnic_core::sim::Datagram) -> (rnic_wire::Opcode, u32) {
+    let pkt = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
+    (pkt.bth().opcode(), pkt.bth().psn().value())
+}
+
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -472,6 +478,76 @@ fn a_message_longer_than_the_in_flight_window_asks_for_acks_on_the_way() {
         })
         .collect();
     assert_eq!(asked.len(), 4096 / 64);
+}
+
+/// ACKs queued together coalesce: eight small WRITEs, each asking for an
+/// ACK, reach the responder in one batch, and one ACK goes back, the last
+/// one's, completing all eight. An atomic's response between two ACKs
+/// keeps its place, the ACK after it leaving after it; and an ACK that has
+/// left is not taken back (two batches, two ACKs).
+#[test]
+fn acks_queued_together_coalesce_into_the_last() {
+    use rnic_wire::Opcode;
+    let mut p = Pair::new(50, &Params::default());
+    let now = p.c.now;
+    for i in 0..8 {
+        p.post_write_to_b(i, B_IOVA + 64 * i, p.sge_a(64 * i, 64));
+    }
+    let requests = take_tx(&mut p.c.nics[0]);
+    assert_eq!(requests.len(), 8);
+    for d in &requests {
+        p.c.nics[1].handle_datagram(now, d);
+    }
+    let before = p.c.nics[1].counters();
+    let acks = take_tx(&mut p.c.nics[1]);
+    let last = sent(&requests[7]).1;
+    assert_eq!(
+        acks.iter().map(sent).collect::<Vec<_>>(),
+        [(Opcode::RC_ACKNOWLEDGE, last)]
+    );
+    assert_eq!((before.sent_pkts, before.acks_coalesced), (1, 7));
+    for d in &acks {
+        p.c.nics[0].handle_datagram(now, d);
+    }
+    let c = p.completions(0);
+    assert_eq!(c.len(), 8);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    // WRITE, FETCH_ADD, WRITE in one batch: the atomic's response, then
+    // the second WRITE's ACK, which says what the first WRITE's did.
+    p.post_write_to_b(8, B_IOVA, p.sge_a(0, 64));
+    let add = SendOp::FetchAdd {
+        remote_addr: B_IOVA + 1024,
+        rkey: p.b.mr.rkey,
+        add: 1,
+    };
+    p.post(9, add, p.sge_a(1024, 8));
+    p.post_write_to_b(10, B_IOVA + 64, p.sge_a(64, 64));
+    let requests = take_tx(&mut p.c.nics[0]);
+    for d in &requests {
+        p.c.nics[1].handle_datagram(now, d);
+    }
+    let psns: Vec<u32> = requests.iter().map(|d| sent(d).1).collect();
+    assert_eq!(
+        take_tx(&mut p.c.nics[1])
+            .iter()
+            .map(sent)
+            .collect::<Vec<_>>(),
+        [
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, psns[1]),
+            (Opcode::RC_ACKNOWLEDGE, psns[2])
+        ]
+    );
+    // Two WRITEs taken in one at a time, each ACK taken out as it is
+    // queued: both leave.
+    p.post_write_to_b(11, B_IOVA, p.sge_a(0, 64));
+    p.post_write_to_b(12, B_IOVA + 64, p.sge_a(64, 64));
+    let mut acks = Vec::new();
+    for d in take_tx(&mut p.c.nics[0]) {
+        p.c.nics[1].handle_datagram(now, &d);
+        acks.extend(take_tx(&mut p.c.nics[1]));
+    }
+    assert_eq!(acks.len(), 2);
+    assert_eq!(p.c.nics[1].counters().acks_coalesced, 7 + 1);
 }
 
 /// `ibv_query_qp` reports the PSNs as they stand (what rdma_rxe and
