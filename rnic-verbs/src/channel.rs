@@ -75,9 +75,9 @@ impl CompletionChannel {
     }
 
     /// Wait up to `timeout` (zero: do not wait) for an event, and return the
-    /// number of the completion queue it is for ([`CompletionQueue::id`]
-    /// (crate::CompletionQueue::id)). The queue is disarmed: poll it, then
-    /// arm it again.
+    /// number of the completion queue it is for
+    /// ([`CompletionQueue::id`](crate::CompletionQueue::id)). The queue is
+    /// disarmed: poll it, then arm it again.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<u32> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -218,7 +218,7 @@ const RESPONSES: std::ops::RangeInclusive<u8> = 0x0D..=0x12;
 
 /// With `on`, steer the datagrams of `fd`'s `SO_REUSEPORT` group by their
 /// first payload byte, a RoCE packet's BTH opcode: RC responses
-/// ([`RESPONSES`]) to the group's second socket, everything else (and
+/// (opcodes 0x0D to 0x12) to the group's second socket, everything else (and
 /// anything too short to have a first byte) to its first; without, all to
 /// the first. The kernel runs the classic BPF program below on each
 /// datagram with the UDP payload at offset 0 (`SO_ATTACH_REUSEPORT_CBPF`;

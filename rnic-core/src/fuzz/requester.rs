@@ -6,7 +6,7 @@
 //! responses and atomic ACKs at PSNs in and around the requester's window,
 //! with MSNs and payload lengths of its choosing, interleaved with posts of
 //! every operation and with time advanced through the ACK and RNR timers.
-//! Three regions are windows onto one arena ([`super::arena`]): SRC, which
+//! Three regions are windows onto one arena (`super::arena`): SRC, which
 //! SENDs and WRITEs read; SINK, which READs and atomics land in; OTHER,
 //! which no work request names.
 //!

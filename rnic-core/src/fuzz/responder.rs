@@ -2,7 +2,7 @@
 //!
 //! One NIC with an RC, a UC and a UD QP in one protection domain, and five
 //! regions laid end to end in I/O address space, each a window onto one
-//! arena with guard bytes around it ([`super::arena`]):
+//! arena with guard bytes around it (`super::arena`):
 //!
 //! | region | domain | access                        | who may touch it               |
 //! |--------|--------|-------------------------------|--------------------------------|
