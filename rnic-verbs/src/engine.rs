@@ -1836,6 +1836,26 @@ fn run(sh: &Shared, realtime: bool) {
             // kernel was steering as the program changed stays at most
             // the time away).
             sh.steer(sh.pinned(false));
+            // What waited on the socket through the time away, the pollers
+            // did not take in: a program that posts and polls, but polls
+            // only now and then or only finds completions waiting, takes
+            // nothing in. Taken in at each look while they are about, so
+            // nothing waits longer than a time away however seldom they
+            // take packets in; the engine thread stays away (looked at
+            // without the lock: a ping-pong's poller has usually taken
+            // everything, and a packet taken here keeps no one waiting).
+            if Watch::pollers_about(sh.clock(), sh.last_active()) && readable(sh.rx().fd()) {
+                let mut st = sh.state.lock();
+                let got = st.receive(sh.rx(), &sh.socket, false, true);
+                sh.publish(&st);
+                parking_lot::MutexGuard::unlock_fair(st);
+                if got.packets > 0 {
+                    sh.engine_packets
+                        .fetch_add(got.packets as u64, Ordering::Relaxed);
+                    watch.engine_took(got.packets, sh.clock(), sh.last_active());
+                    continue;
+                }
+            }
             if let Some(r) = sh.responses_rx() {
                 let mut st = sh.state.lock();
                 let got = st.receive(r, &sh.socket, false, false);
@@ -1993,6 +2013,16 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
+}
+
+/// Whether datagrams wait on `fd` (poll(2), not waiting).
+fn readable(fd: BorrowedFd<'_>) -> bool {
+    let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
 }
 
 /// poll(2) on `fds` for up to `timeout`, then take any wake-up.

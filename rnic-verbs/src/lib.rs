@@ -2554,6 +2554,41 @@ mod tests {
         }
     }
 
+    /// A program that keeps posting but takes nothing in (it polls only
+    /// now and then, or only finds completions waiting) leaves the engine
+    /// thread away, and nobody took in what came meanwhile: a WRITE to it
+    /// waited for the program's next poll of an empty queue, past the
+    /// peer's ACK timeout (`rnic soak`: 1% loss, 16.8 ms timeouts,
+    /// requests failed with RETRY_EXC_ERR within seconds). The engine
+    /// thread takes it in at its next look, at most a time away later.
+    #[test]
+    fn what_arrives_while_the_program_only_posts_is_taken_in_at_the_next_look() {
+        let p = pair();
+        p.until_away();
+        assert!(p.a.engine.is_away());
+        let stop = AtomicBool::new(false);
+        let c = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // A full receive queue refuses it: a post all the same.
+                    let _ = p._a_qp.post_recv(RecvWr {
+                        wr_id: 1000 + i,
+                        sg_list: sg_list![p.a_mr.sge(0, 64)],
+                    });
+                    i += 1;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            });
+            p.write();
+            let c = p.b_scq.wait(Duration::from_secs(5));
+            stop.store(true, Ordering::Relaxed);
+            c
+        });
+        let c = c.expect("the WRITE completes");
+        assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+    }
+
     #[test]
     fn a_write_that_waited_for_the_engine_keeps_it_watching() {
         let p = pair_away();

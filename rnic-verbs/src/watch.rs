@@ -32,6 +32,11 @@
 //!   real time on its program's core): a thousand a second cost an
 //!   emulated CPU's ping-pong about half its speed (see
 //!   [`AWAY_LONGEST`]).
+//! - A thread that polls or posts need not take packets in: a poll does
+//!   only when it finds its queue empty. So at each look, while threads
+//!   are about, the engine thread takes in whatever waits on the socket,
+//!   and stays away: a packet waits at most a time away, whatever the
+//!   program does.
 //! - If, back on the socket, it finds waiting a request that no completion
 //!   queue will ever show here (the last packet of a WRITE without
 //!   immediate data, a READ or atomic request), a program needed it: it
