@@ -376,6 +376,14 @@ pub const POOL: usize = 256;
 /// which packet a recycled buffer served before does not matter.
 pub const PACKET_CAPACITY: usize = rnic_wire::ib::MAX_PAYLOAD + 64;
 
+/// Keep `buf` in `pool` for a later packet: a buffer of the size packets
+/// are built in, while the pool holds fewer than [`POOL`].
+pub(crate) fn keep_buffer(pool: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
+    if pool.len() < POOL && buf.capacity() >= PACKET_CAPACITY {
+        pool.push(buf);
+    }
+}
+
 /// What a NIC holds, object by object: for tests that create and destroy
 /// objects by the hundred thousand and require the NIC to end no larger
 /// than a few cycles in ([`Nic::footprint`]).
@@ -1547,9 +1555,7 @@ impl Nic {
     /// Hand back a sent datagram's buffer for the NIC to build a later
     /// packet in (at most [`POOL`] are kept).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        if self.pool.len() < POOL && buf.capacity() >= PACKET_CAPACITY {
-            self.pool.push(buf);
-        }
+        keep_buffer(&mut self.pool, buf);
     }
 
     /// How many datagrams [`Nic::poll_transmit`] has ready, or `None` while

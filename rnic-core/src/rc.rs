@@ -68,9 +68,7 @@ impl Ctx<'_> {
             return false;
         };
         self.counters.sent_pkts -= 1;
-        if self.pool.len() < crate::nic::POOL {
-            self.pool.push(buf);
-        }
+        crate::nic::keep_buffer(self.pool, buf);
         true
     }
 
@@ -705,9 +703,7 @@ impl Qp {
             return Ok(None);
         }
         if let Err(e) = filled {
-            if ctx.pool.len() < crate::nic::POOL {
-                ctx.pool.push(buf);
-            }
+            crate::nic::keep_buffer(ctx.pool, buf);
             return Err(e);
         }
         let src_port = self.src_port.or(ctx.src_port).unwrap_or_else(|| {

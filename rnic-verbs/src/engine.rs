@@ -1845,27 +1845,17 @@ fn run(sh: &Shared, realtime: bool) {
             // without the lock: a ping-pong's poller has usually taken
             // everything, and a packet taken here keeps no one waiting).
             if Watch::pollers_about(sh.clock(), sh.last_active()) && readable(sh.rx().fd()) {
-                let mut st = sh.state.lock();
-                let got = st.receive(sh.rx(), &sh.socket, false, true);
-                sh.publish(&st);
-                parking_lot::MutexGuard::unlock_fair(st);
-                if got.packets > 0 {
-                    sh.engine_packets
-                        .fetch_add(got.packets as u64, Ordering::Relaxed);
-                    watch.engine_took(got.packets, sh.clock(), sh.last_active());
+                let took = take_in_away(sh, sh.rx(), true);
+                if took > 0 {
+                    watch.engine_took(took, sh.clock(), sh.last_active());
                     continue;
                 }
             }
-            if let Some(r) = sh.responses_rx() {
-                let mut st = sh.state.lock();
-                let got = st.receive(r, &sh.socket, false, false);
-                sh.publish(&st);
-                parking_lot::MutexGuard::unlock_fair(st);
-                if got.packets > 0 {
-                    sh.engine_packets
-                        .fetch_add(got.packets as u64, Ordering::Relaxed);
-                    continue;
-                }
+            if sh
+                .responses_rx()
+                .is_some_and(|r| take_in_away(sh, r, false) > 0)
+            {
+                continue;
             }
             leave_to_pollers(sh, &mut watch, away_for);
             continue;
@@ -2013,6 +2003,19 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
+}
+
+/// Away from the socket, one batch from `rx` under the lock (handed on
+/// fairly), `program_active` as [`EngineState::receive`] takes it; how
+/// many packets.
+fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> usize {
+    let mut st = sh.state.lock();
+    let got = st.receive(rx, &sh.socket, false, program_active);
+    sh.publish(&st);
+    parking_lot::MutexGuard::unlock_fair(st);
+    sh.engine_packets
+        .fetch_add(got.packets as u64, Ordering::Relaxed);
+    got.packets
 }
 
 /// Whether datagrams wait on `fd` (poll(2), not waiting).

@@ -60,7 +60,7 @@ fn a_short_soak_checks_everything_and_passes() {
                 .rsplit(' ')
                 .next()
                 .and_then(|n| n.parse().ok())
-                .unwrap()
+                .unwrap_or_else(|| panic!("no count of{what}: {line}"))
         };
         let (received, duplicates) = (count(" received"), count(" duplicate requests"));
         assert!(received > 0, "{line}");
