@@ -68,7 +68,7 @@ impl TxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{IpAddr, Ipv4Addr};
+    use core::net::{IpAddr, Ipv4Addr};
 
     fn d(tag: u8) -> Datagram {
         let a = IpAddr::V4(Ipv4Addr::LOCALHOST);

@@ -324,6 +324,23 @@ pub fn take_tx(nic: &mut rnic_core::Nic) -> Vec<Datagram> {
     std::iter::from_fn(|| nic.poll_transmit()).collect()
 }
 
+/// A datagram's BTH opcode.
+pub fn opcode(d: &Datagram) -> Opcode {
+    rnic_wire::IbPacket::new_checked(&d.payload[..])
+        .unwrap()
+        .bth()
+        .opcode()
+}
+
+/// A datagram's BTH PSN.
+pub fn psn_of(d: &Datagram) -> u32 {
+    rnic_wire::IbPacket::new_checked(&d.payload[..])
+        .unwrap()
+        .bth()
+        .psn()
+        .value()
+}
+
 pub fn psn(v: u32) -> Psn {
     Psn::new(v)
 }

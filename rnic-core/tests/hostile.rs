@@ -16,21 +16,6 @@ use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{bth, deth, reth, xrceth, IbPacket, IbRepr, Opcode};
 
 /// Everything `nic` wants to send, taken off its queue.
-fn opcode(d: &Datagram) -> Opcode {
-    IbPacket::new_checked(&d.payload[..])
-        .unwrap()
-        .bth()
-        .opcode()
-}
-
-fn psn_of(d: &Datagram) -> u32 {
-    IbPacket::new_checked(&d.payload[..])
-        .unwrap()
-        .bth()
-        .psn()
-        .value()
-}
-
 /// Go-back-N rewinds into the middle of a request; an ACK then retires that
 /// request before it is resent. The requester must resume at the start of
 /// the next request, not at the old packet offset applied to it.

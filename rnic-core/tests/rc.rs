@@ -11,8 +11,7 @@ use rnic_core::wr::{InlineData, SendOp, WcOpcode, WcStatus};
 
 /// A datagram's opcode and PSN.
 fn sent(d: &rnic_core::sim::Datagram) -> (rnic_wire::Opcode, u32) {
-    let pkt = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
-    (pkt.bth().opcode(), pkt.bth().psn().value())
+    (opcode(d), psn_of(d))
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -500,7 +499,7 @@ fn acks_queued_together_coalesce_into_the_last() {
     }
     let before = p.c.nics[1].counters();
     let acks = take_tx(&mut p.c.nics[1]);
-    let last = sent(&requests[7]).1;
+    let last = psn_of(&requests[7]);
     assert_eq!(
         acks.iter().map(sent).collect::<Vec<_>>(),
         [(Opcode::RC_ACKNOWLEDGE, last)]
@@ -526,7 +525,7 @@ fn acks_queued_together_coalesce_into_the_last() {
     for d in &requests {
         p.c.nics[1].handle_datagram(now, d);
     }
-    let psns: Vec<u32> = requests.iter().map(|d| sent(d).1).collect();
+    let psns: Vec<u32> = requests.iter().map(psn_of).collect();
     assert_eq!(
         take_tx(&mut p.c.nics[1])
             .iter()

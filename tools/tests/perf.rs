@@ -40,6 +40,17 @@ fn perf_json_for_every_operation() {
     check("send -q 16 --bidir", &out, "800");
 }
 
+/// `rnic perf ARGS` started as a server, its output piped.
+fn server(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .arg("perf")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server")
+}
+
 /// Wait (bounded) for a child, killing it if it overstays.
 fn finish(mut child: Child, within: Duration) -> Output {
     let deadline = Instant::now() + within;
@@ -55,12 +66,7 @@ fn server_and_client_processes_for_every_operation() {
     let base = 21_000 + (std::process::id() % 10_000) as u16 * 4;
     for (i, op) in ["write", "read", "send", "atomic"].iter().enumerate() {
         let port = (base + i as u16).to_string();
-        let server = Command::new(env!("CARGO_BIN_EXE_rnic"))
-            .args(["perf", op, "--server", "-p", &port, "--json"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the server");
+        let server = server(&[op, "--server", "-p", &port, "--json"]);
         let client = rnic(&[
             "perf",
             op,
@@ -111,12 +117,7 @@ fn outstanding_reads_default_to_the_device_maximum() {
         String::from_utf8_lossy(&out.stderr)
     );
     let port = (20_000 + (std::process::id() % 1_000) as u16).to_string();
-    let server = Command::new(env!("CARGO_BIN_EXE_rnic"))
-        .args(["perf", "read", "--server", "-p", &port])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the server");
+    let server = server(&["read", "--server", "-p", &port]);
     let client = rnic(&[
         "perf",
         "read",
