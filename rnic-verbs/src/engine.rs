@@ -42,6 +42,7 @@ use rustix::net::sockopt::{
     set_socket_send_buffer_size, set_socket_send_buffer_size_force, Ipv4PathMtuDiscovery,
 };
 
+use crate::sched::Idle;
 use crate::watch::Watch;
 
 /// Socket buffer size asked for, each way.
@@ -904,6 +905,8 @@ struct Shared {
     polled_packets: AtomicU64,
     /// Packets taken in by the engine thread, ever.
     engine_packets: AtomicU64,
+    /// Of those, packets it took in while lingering (see `sched::Linger`).
+    lingered_packets: AtomicU64,
     /// Times the engine thread, back from leaving the socket to pollers,
     /// found waiting a request no completion shows, and stayed.
     stays: AtomicU64,
@@ -1435,6 +1438,7 @@ impl Engine {
             sleeper: AtomicBool::new(false),
             polled_packets: AtomicU64::new(0),
             engine_packets: AtomicU64::new(0),
+            lingered_packets: AtomicU64::new(0),
             stays: AtomicU64::new(0),
             away_sleeps: AtomicU64::new(0),
             away_max: AtomicU64::new(crate::watch::AWAY_MAX),
@@ -1740,6 +1744,11 @@ impl Engine {
     pub fn engine_packets(&self) -> u64 {
         self.shared.engine_packets.load(Ordering::Relaxed)
     }
+    /// Packets the engine thread took in while lingering on the socket
+    /// after its last piece of work, ever.
+    pub fn lingered_packets(&self) -> u64 {
+        self.shared.lingered_packets.load(Ordering::Relaxed)
+    }
     /// The engine thread's thread ID.
     pub fn engine_tid(&self) -> i32 {
         self.shared.tid.load(Ordering::Relaxed) as i32
@@ -1775,26 +1784,11 @@ impl Drop for Engine {
     }
 }
 
-/// How long the engine keeps polling after its last piece of work before it
-/// sleeps: `RNIC_BUSY_POLL_US` microseconds (default 0: sleep at once).
-/// Polling trades a core for latency; on a machine with spare cores, 20-50 us
-/// keeps a ping-pong's turnaround off the scheduler's wake-up path.
-fn busy_poll() -> Duration {
-    std::env::var("RNIC_BUSY_POLL_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_micros)
-        .unwrap_or(Duration::ZERO)
-}
-
 fn run(sh: &Shared, realtime: bool) {
-    // Spinning in real time would starve the program on its core.
-    let spin = if realtime {
-        Duration::ZERO
-    } else {
-        busy_poll()
-    };
-    let mut idle_since: Option<Instant> = None;
+    // Lingering on the socket after the last piece of work (see
+    // `sched::Linger`).
+    let window = crate::sched::linger_window();
+    let mut linger = crate::sched::Linger::default();
     let mut watch = Watch::default();
     let mut polled = 0;
     // Whether the last look left the socket to pollers (for the log).
@@ -1857,6 +1851,9 @@ fn run(sh: &Shared, realtime: bool) {
             {
                 continue;
             }
+            if linger.stop() {
+                back_to_real_time(realtime);
+            }
             leave_to_pollers(sh, &mut watch, away_for);
             continue;
         }
@@ -1893,6 +1890,10 @@ fn run(sh: &Shared, realtime: bool) {
         sh.engine_packets
             .fetch_add(received as u64, Ordering::Relaxed);
         let now = sh.clock();
+        if received > 0 && linger.datagrams(now, window) {
+            sh.lingered_packets
+                .fetch_add(received as u64, Ordering::Relaxed);
+        }
         watch.engine_took(received, now, sh.last_active());
         if watch.back(now, unpolled) {
             sh.stays.fetch_add(1, Ordering::Relaxed);
@@ -1908,16 +1909,25 @@ fn run(sh: &Shared, realtime: bool) {
             let deadline = sh.publish(&st);
             if busy {
                 parking_lot::MutexGuard::unlock_fair(st);
-                idle_since = None;
                 continue;
             }
-            // Idle: poll on for a while if asked, then sleep until a
-            // datagram, a wake-up, or the next deadline.
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < spin {
-                drop(st);
-                std::hint::spin_loop();
-                continue;
+            // Idle: linger where it pays and no thread polls or posts (in
+            // the normal class, yielding the core at each look), then
+            // sleep until a datagram, a wake-up, or the next deadline.
+            match linger.idle(sh.clock(), window, sh.last_active()) {
+                Idle::Linger { started } => {
+                    drop(st);
+                    if started && realtime {
+                        crate::sched::set_realtime(false);
+                    }
+                    std::thread::yield_now();
+                    continue;
+                }
+                Idle::Sleep { stopped } => {
+                    if stopped {
+                        back_to_real_time(realtime);
+                    }
+                }
             }
             let now = st.now();
             // While threads poll, look at what they took at least every
@@ -1956,7 +1966,15 @@ fn run(sh: &Shared, realtime: bool) {
         let watched = if responses.is_some() { 3 } else { 2 };
         sleep(sh, &mut fds[..watched], timeout);
         sh.responses_left.store(false, Ordering::SeqCst);
-        idle_since = None;
+    }
+}
+
+/// Asleep again after lingering: a real-time engine thread that lingered in
+/// the normal class returns to real time, where a datagram's wake-up
+/// preempts a busy program (see `sched`).
+fn back_to_real_time(realtime: bool) {
+    if realtime {
+        crate::sched::set_realtime(true);
     }
 }
 

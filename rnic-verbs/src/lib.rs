@@ -2589,6 +2589,58 @@ mod tests {
         assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
     }
 
+    /// The CPU time a thread of this process has used, in clock ticks.
+    fn cpu_ticks(tid: i32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        // After the command's closing parenthesis: state is field 3, utime
+        // and stime fields 14 and 15.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    }
+
+    /// A responder whose program never polls (the server of ib_read_lat)
+    /// has only its engine thread: requests that follow each other closely
+    /// find it lingering on the socket, in the normal class, instead of
+    /// asleep; the requester's engine, whose program polls, never lingers;
+    /// and once the requests stop, the responder's engine sleeps again, in
+    /// real time where it started there.
+    #[test]
+    fn a_responder_nobody_polls_lingers_while_requests_follow_closely() {
+        let p = pair();
+        let (tid, requests) = (p.a.engine.engine_tid(), 3000);
+        let started_realtime = crate::sched::is_realtime(tid);
+        let mut seen_normal = false;
+        for i in 0..requests {
+            p.write();
+            let c = p.b_scq.spin(Duration::from_secs(10)).unwrap();
+            assert_eq!(c.status, WcStatus::Success);
+            if i % 16 == 0 && !crate::sched::is_realtime(tid) {
+                seen_normal = true;
+            }
+        }
+        let lingered = p.a.engine.lingered_packets();
+        assert!(
+            lingered * 2 >= requests,
+            "{lingered} of {requests} requests found a's engine lingering"
+        );
+        assert_eq!(p.b_pd.dev.engine.lingered_packets(), 0, "b's program polls");
+        if started_realtime {
+            assert!(seen_normal, "a's engine lingered in real time");
+        }
+        // Asleep again within a few windows (bounded).
+        let asleep = (0..200).any(|_| {
+            std::thread::sleep(Duration::from_millis(1));
+            crate::sched::is_realtime(tid) == started_realtime
+        });
+        assert!(asleep, "a's engine did not go back to real time");
+        let before = cpu_ticks(tid);
+        std::thread::sleep(Duration::from_millis(300));
+        let used = cpu_ticks(tid) - before;
+        // Clock ticks are 10 ms: lingering on would be about 30.
+        assert!(used <= 5, "a's engine used {used} ticks in 300 ms of quiet");
+    }
+
     #[test]
     fn a_write_that_waited_for_the_engine_keeps_it_watching() {
         let p = pair_away();

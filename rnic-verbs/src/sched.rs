@@ -15,9 +15,9 @@
 //! What that costs: a thread that only wakes for work and never spins,
 //! so it takes a core only while packets come in; the kernel keeps 5% of
 //! each core for other threads even then (`sched_rt_runtime_us`).
-//! `RNIC_ENGINE_PRIORITY=normal` keeps the engine in the normal class, and
-//! polling the engine (`RNIC_BUSY_POLL_US`) is refused in real time, where
-//! it would starve the program.
+//! `RNIC_ENGINE_PRIORITY=normal` keeps the engine in the normal class. A
+//! real-time thread that spins would starve the program on its core, so
+//! the engine leaves real time while it lingers (below).
 //!
 //! # Core
 //!
@@ -44,6 +44,21 @@
 //! - In the normal class the engine thread is never pinned: there it could
 //!   wait for its program's time slice to end, and the scheduler's choice
 //!   of an idle core is worth more.
+//!
+//! # Lingering
+//!
+//! Asleep, the engine thread is woken by the kernel when a datagram
+//! arrives, and on a virtual machine an idle core takes about ten
+//! microseconds to wake: a READ or atomic responder whose program never
+//! polls (the server of perftest's ib_read_lat and ib_atomic_lat) answers
+//! each request that much later, and a READ round trip was twice a WRITE
+//! ping-pong's. So where requests have been coming shortly after the
+//! engine ran out of work ([`Linger`]), it keeps looking at the socket for
+//! up to [`LINGER_WINDOW`] before it sleeps, as NAPI busy polling does. It
+//! lingers only while no thread of its program polls or posts (pollers
+//! take the packets in then), and in the normal class, yielding its core
+//! at every look: a thread of the normal class spinning beside it keeps
+//! its core. `RNIC_BUSY_POLL_US` sets the window (0: never linger).
 
 use rustix::thread::CpuSet;
 
@@ -80,13 +95,126 @@ impl Priority {
 
 /// Apply `p` to the calling thread; whether it now runs in real time.
 pub(crate) fn apply(p: Priority) -> bool {
-    if p == Priority::Normal {
-        return false;
+    p == Priority::Realtime && set_realtime(true)
+}
+
+/// How long the engine thread lingers on the socket after its last piece
+/// of work, where lingering pays (ns): a few round trips of a responder's
+/// program.
+pub const LINGER_WINDOW: u64 = 50_000;
+
+/// When the engine thread lingers: it scores the idle spells that a
+/// datagram ended (from running out of work to the next datagram). A spell
+/// within the window counts up, as does one asleep within twice the window
+/// (asleep, the spell includes the wake-up: 40-95 us on this machine class
+/// for a gap of 10); a linger that ends with no datagram halves the score.
+/// It lingers from [`Linger::ON`] up: two short spells in a row start it,
+/// one empty linger does not stop a stream that lingered often, two do.
+#[derive(Debug, Default)]
+pub(crate) struct Linger {
+    score: u8,
+    /// The spell now: since when the engine has had nothing to do (ns).
+    idle_from: Option<u64>,
+    /// It slept in this spell.
+    slept: bool,
+    /// This spell is judged already (a linger ran out in it).
+    judged: bool,
+    /// It lingers now.
+    lingering: bool,
+}
+
+/// What the engine does, idle (see [`Linger::idle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Idle {
+    /// Look at the socket again (`started`: first look of this linger).
+    Linger { started: bool },
+    /// Sleep (`stopped`: it lingered until now).
+    Sleep { stopped: bool },
+}
+
+impl Linger {
+    /// The score from which the engine lingers.
+    pub const ON: u8 = 2;
+    /// The highest score.
+    const MOST: u8 = 4;
+
+    /// Datagrams came in at `now`: the spell, if any, ends; whether they
+    /// found the engine lingering.
+    pub fn datagrams(&mut self, now: u64, window: u64) -> bool {
+        if let Some(from) = self.idle_from.take() {
+            if !std::mem::take(&mut self.judged) {
+                let gap = now.saturating_sub(from);
+                let short = if self.slept { 2 * window } else { window };
+                if gap <= short {
+                    self.score = (self.score + 1).min(Self::MOST);
+                } else {
+                    self.score /= 2;
+                }
+            }
+        }
+        self.slept = false;
+        self.lingering
     }
-    let param = libc::sched_param { sched_priority: 1 };
+
+    /// Nothing to do at `now`: linger or sleep. A thread of the program
+    /// polled or posted last at `last_active`: while threads poll or post
+    /// (they may take packets in), it never lingers.
+    pub fn idle(&mut self, now: u64, window: u64, last_active: Option<u64>) -> Idle {
+        let may = !crate::watch::Watch::pollers_about(now, last_active);
+        let from = *self.idle_from.get_or_insert(now);
+        let within = now.saturating_sub(from) < window;
+        if may && within && !self.judged && self.score >= Self::ON {
+            let started = !std::mem::replace(&mut self.lingering, true);
+            return Idle::Linger { started };
+        }
+        if self.lingering && !within && !self.judged {
+            // Ran out with no datagram.
+            self.judged = true;
+            self.score /= 2;
+        }
+        Idle::Sleep {
+            stopped: self.stop(),
+        }
+    }
+
+    /// It sleeps now (idle, or away from the socket); whether it was
+    /// lingering until now.
+    pub fn stop(&mut self) -> bool {
+        self.slept |= self.idle_from.is_some();
+        std::mem::take(&mut self.lingering)
+    }
+
+    /// Whether it lingers now.
+    #[cfg(test)]
+    fn lingering(&self) -> bool {
+        self.lingering
+    }
+}
+
+/// The lingering window: `RNIC_BUSY_POLL_US` microseconds if set (0: never
+/// linger), else [`LINGER_WINDOW`].
+pub(crate) fn linger_window() -> u64 {
+    std::env::var("RNIC_BUSY_POLL_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(LINGER_WINDOW, |us| us.saturating_mul(1000))
+}
+
+/// Move the calling thread into SCHED_FIFO at priority 1 (`on`), or back
+/// into the normal class; whether it worked (refused without the
+/// privilege, changing nothing).
+pub(crate) fn set_realtime(on: bool) -> bool {
+    let (policy, priority) = if on {
+        (libc::SCHED_FIFO, 1)
+    } else {
+        (libc::SCHED_OTHER, 0)
+    };
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
     // SAFETY: sched_setscheduler on the calling thread (pid 0) reads a
-    // valid sched_param; refused without the privilege, changing nothing.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+    // valid sched_param.
+    unsafe { libc::sched_setscheduler(0, policy, &param) == 0 }
 }
 
 /// The shortest time between two moves of the engine thread (ns).
@@ -263,6 +391,83 @@ mod tests {
             // SAFETY: as above.
             let policy = unsafe { libc::sched_getscheduler(0) };
             assert_eq!(rt, policy == libc::SCHED_FIFO);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A responder's spells, in microseconds: the engine sleeps through
+    /// the first (2 short ones start lingering), lingers while datagrams
+    /// come within the window, survives one that does not, and stops
+    /// after two; a poller about, or a window of 0, stops it too.
+    #[test]
+    fn lingering_starts_after_short_spells_and_stops_after_empty_lingers() {
+        const W: u64 = LINGER_WINDOW;
+        let us = |t: u64| t * 1000;
+        let mut l = Linger::default();
+        // Spell at 0, asleep, datagram at 90 us: short, as asleep.
+        assert_eq!(l.idle(0, W, None), Idle::Sleep { stopped: false });
+        l.stop();
+        assert!(!l.datagrams(us(90), W));
+        assert_eq!(l.idle(us(100), W, None), Idle::Sleep { stopped: false });
+        l.stop();
+        // A datagram 101 us later: too late even asleep; score 0.
+        l.datagrams(us(201), W);
+        for t in [300, 400] {
+            assert_eq!(l.idle(us(t), W, None), Idle::Sleep { stopped: false });
+            l.stop();
+            l.datagrams(us(t + 30), W);
+        }
+        // Two short spells: it lingers at the next.
+        assert_eq!(l.idle(us(500), W, None), Idle::Linger { started: true });
+        assert_eq!(l.idle(us(530), W, None), Idle::Linger { started: false });
+        assert!(l.datagrams(us(540), W), "found lingering");
+        // Awake, a spell must be within the window itself.
+        assert_eq!(l.idle(us(560), W, None), Idle::Linger { started: false });
+        assert!(l.datagrams(us(609), W));
+        assert_eq!(l.idle(us(650), W, None), Idle::Linger { started: false });
+        assert_eq!(l.idle(us(699), W, None), Idle::Linger { started: false });
+        // Ran out at 700 (score 4 to 2): asleep, the datagram at 750 is
+        // not judged again.
+        assert_eq!(l.idle(us(700), W, None), Idle::Sleep { stopped: true });
+        l.stop();
+        assert!(!l.datagrams(us(750), W));
+        assert_eq!(l.idle(us(800), W, None), Idle::Linger { started: true });
+        assert_eq!(l.idle(us(850), W, None), Idle::Sleep { stopped: true });
+        l.stop();
+        l.datagrams(us(900), W);
+        // Score 1: two empty lingers stopped it.
+        assert_eq!(l.idle(us(1000), W, None), Idle::Sleep { stopped: false });
+        // A poller about, or a window of 0: never.
+        let mut l = Linger::default();
+        for t in 0..4 {
+            l.idle(us(100 * t), W, None);
+            assert_eq!(l.datagrams(us(100 * t + 10), W), t >= 2);
+        }
+        // A thread polled or posted just now: the linger stops.
+        assert_eq!(
+            l.idle(us(500), W, Some(us(499))),
+            Idle::Sleep { stopped: true }
+        );
+        l.datagrams(us(510), W);
+        assert_eq!(l.idle(us(600), 0, None), Idle::Sleep { stopped: false });
+        assert!(!l.lingering());
+    }
+
+    /// The engine thread leaves real time to linger and comes back, where
+    /// the process may run in real time at all.
+    #[test]
+    fn the_engine_thread_can_leave_real_time_and_come_back() {
+        std::thread::spawn(|| {
+            if !apply(Priority::Realtime) {
+                return;
+            }
+            assert!(set_realtime(false));
+            // SAFETY: reads the calling thread's policy.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
+            assert!(set_realtime(true));
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_FIFO);
         })
         .join()
         .unwrap();
