@@ -907,6 +907,8 @@ struct Shared {
     engine_packets: AtomicU64,
     /// Of those, packets it took in while lingering (see `sched::Linger`).
     lingered_packets: AtomicU64,
+    /// Of those, packets it took in at a look while away from the socket.
+    looked_packets: AtomicU64,
     /// Times the engine thread, back from leaving the socket to pollers,
     /// found waiting a request no completion shows, and stayed.
     stays: AtomicU64,
@@ -1439,6 +1441,7 @@ impl Engine {
             polled_packets: AtomicU64::new(0),
             engine_packets: AtomicU64::new(0),
             lingered_packets: AtomicU64::new(0),
+            looked_packets: AtomicU64::new(0),
             stays: AtomicU64::new(0),
             away_sleeps: AtomicU64::new(0),
             away_max: AtomicU64::new(crate::watch::AWAY_MAX),
@@ -1749,6 +1752,11 @@ impl Engine {
     pub fn lingered_packets(&self) -> u64 {
         self.shared.lingered_packets.load(Ordering::Relaxed)
     }
+    /// Packets the engine thread took in at a look while away from the
+    /// socket (they waited up to a time away), ever.
+    pub fn looked_packets(&self) -> u64 {
+        self.shared.looked_packets.load(Ordering::Relaxed)
+    }
     /// The engine thread's thread ID.
     pub fn engine_tid(&self) -> i32 {
         self.shared.tid.load(Ordering::Relaxed) as i32
@@ -1809,7 +1817,8 @@ fn run(sh: &Shared, realtime: bool) {
             }
         }
         let p = sh.polled_packets.load(Ordering::Relaxed);
-        watch.pollers_took(p - polled);
+        let pollers_took = p - polled;
+        watch.pollers_took(pollers_took);
         polled = p;
         if sh.sleeper.swap(false, Ordering::SeqCst) {
             watch.sleeper(now);
@@ -1835,19 +1844,27 @@ fn run(sh: &Shared, realtime: bool) {
             // only now and then or only finds completions waiting, takes
             // nothing in. Taken in at each look while they are about, so
             // nothing waits longer than a time away however seldom they
-            // take packets in; the engine thread stays away (looked at
-            // without the lock: a ping-pong's poller has usually taken
-            // everything, and a packet taken here keeps no one waiting).
+            // take packets in (looked at without the lock: a ping-pong's
+            // poller has usually taken everything). The engine thread
+            // stays away, unless the pollers took nothing since the last
+            // look and requests no completion shows waited (a program
+            // that posts but does not poll, see `Watch::looked`).
             if Watch::pollers_about(sh.clock(), sh.last_active()) && readable(sh.rx().fd()) {
-                let took = take_in_away(sh, sh.rx(), true);
-                if took > 0 {
-                    watch.engine_took(took, sh.clock(), sh.last_active());
+                let got = take_in_away(sh, sh.rx(), true);
+                if got.packets > 0 {
+                    sh.looked_packets
+                        .fetch_add(got.packets as u64, Ordering::Relaxed);
+                    let now = sh.clock();
+                    watch.engine_took(got.packets, now, sh.last_active());
+                    if watch.looked(now, got.unpolled, pollers_took) {
+                        stayed(sh, got.unpolled);
+                    }
                     continue;
                 }
             }
             if sh
                 .responses_rx()
-                .is_some_and(|r| take_in_away(sh, r, false) > 0)
+                .is_some_and(|r| take_in_away(sh, r, false).packets > 0)
             {
                 continue;
             }
@@ -1896,11 +1913,7 @@ fn run(sh: &Shared, realtime: bool) {
         }
         watch.engine_took(received, now, sh.last_active());
         if watch.back(now, unpolled) {
-            sh.stays.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                requests = unpolled,
-                "requests no completion shows waited for the engine thread: it watches the socket again"
-            );
+            stayed(sh, unpolled);
         }
         let mut busy = received > 0;
         let timeout = {
@@ -2024,16 +2037,25 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
 }
 
 /// Away from the socket, one batch from `rx` under the lock (handed on
-/// fairly), `program_active` as [`EngineState::receive`] takes it; how
-/// many packets.
-fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> usize {
+/// fairly), `program_active` as [`EngineState::receive`] takes it.
+fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> Received {
     let mut st = sh.state.lock();
     let got = st.receive(rx, &sh.socket, false, program_active);
     sh.publish(&st);
     parking_lot::MutexGuard::unlock_fair(st);
     sh.engine_packets
         .fetch_add(got.packets as u64, Ordering::Relaxed);
-    got.packets
+    got
+}
+
+/// `requests` that no completion shows waited for the engine thread: it
+/// watches the socket again (`Watch::back` said so).
+fn stayed(sh: &Shared, requests: usize) {
+    sh.stays.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        requests,
+        "requests no completion shows waited for the engine thread: it watches the socket again"
+    );
 }
 
 /// Whether datagrams wait on `fd` (poll(2), not waiting).

@@ -2641,6 +2641,48 @@ mod tests {
         assert!(used <= 5, "a's engine used {used} ticks in 300 ms of quiet");
     }
 
+    /// A program that posts receives now and then but never polls takes
+    /// nothing in: the engine thread, away because a thread posts, finds
+    /// WRITEs waiting at its look with nothing taken by pollers since the
+    /// look before, and comes back to watch the socket. Before, every
+    /// WRITE waited a look (up to 8 ms).
+    #[test]
+    fn requests_to_a_program_that_only_posts_wait_for_one_look_at_most() {
+        let p = pair_away();
+        let (looked_before, stays_before) = (p.a.engine.looked_packets(), p.a.engine.stays());
+        let polled_before = p.a.engine.polled_packets();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..100_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    // A full receive queue refuses it: a post all the same.
+                    let _ = p._a_qp.post_recv(RecvWr {
+                        wr_id: i,
+                        sg_list: sg_list![p.a_mr.sge(0, 64)],
+                    });
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            });
+            for _ in 0..300 {
+                p.write();
+                let c = p.b_scq.spin(Duration::from_secs(10)).unwrap();
+                assert_eq!(c.status, WcStatus::Success);
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let looked = p.a.engine.looked_packets() - looked_before;
+        let stays = p.a.engine.stays() - stays_before;
+        assert!(stays >= 1, "a's engine never came back");
+        assert!(
+            looked <= 30,
+            "{looked} of 300 WRITEs waited for a look ({stays} stays)"
+        );
+        assert_eq!(p.a.engine.polled_packets(), polled_before);
+    }
+
     #[test]
     fn a_write_that_waited_for_the_engine_keeps_it_watching() {
         let p = pair_away();

@@ -36,7 +36,10 @@
 //!   only when it finds its queue empty. So at each look, while threads
 //!   are about, the engine thread takes in whatever waits on the socket,
 //!   and stays away: a packet waits at most a time away, whatever the
-//!   program does.
+//!   program does. Unless the pollers took nothing since the look before
+//!   and requests no completion shows were waiting ([`Watch::looked`]):
+//!   then nothing but the engine thread takes packets in (a program that
+//!   posts receives but never polls), and it comes back, as below.
 //! - If, back on the socket, it finds waiting a request that no completion
 //!   queue will ever show here (the last packet of a WRITE without
 //!   immediate data, a READ or atomic request), a program needed it: it
@@ -193,6 +196,18 @@ impl Watch {
         }
     }
 
+    /// At a look while away, the engine thread took in `waiting` requests
+    /// that no completion shows, which waited through the time away, and
+    /// polling threads took `pollers_took` packets since the look before.
+    /// If they took none, nothing takes packets in but the engine thread
+    /// (a program that posts but does not poll), and requests wait for it:
+    /// it comes back to watch, as [`Watch::back`] says. Requests that the
+    /// pollers were taking packets around (a ping-pong's, found a moment
+    /// before its next poll) say nothing. Returns whether it stays.
+    pub fn looked(&mut self, now: u64, waiting: usize, pollers_took: u64) -> bool {
+        waiting > 0 && pollers_took == 0 && self.back(now, waiting)
+    }
+
     /// Watch from `now` for the current stay, and learn again after it.
     pub fn stay(&mut self, now: u64) {
         self.needless = 0;
@@ -301,6 +316,23 @@ mod tests {
         assert!(!w.away(t + 4 * STAY_MIN - 1, Some(t + 4 * STAY_MIN - 2), AWAY_MAX));
         learn(&mut w, t + 4 * STAY_MIN);
         assert!(w.away(t + 5 * STAY_MIN, Some(t + 5 * STAY_MIN - 1), AWAY_MAX));
+    }
+
+    /// A request taken in at a look, while away, brings the engine back
+    /// only if the pollers took nothing since the look before.
+    #[test]
+    fn a_request_taken_at_a_look_brings_the_engine_back_if_nobody_polled() {
+        let mut w = Watch::default();
+        let t = 5_000_000;
+        learn(&mut w, t);
+        let t = t + 1_000_000;
+        w.sleeping(true, t);
+        assert!(!w.looked(t + AWAY_MAX, 1, 5), "the pollers take packets in");
+        assert!(!w.looked(t + AWAY_MAX, 0, 0), "only completions waited");
+        assert!(w.away(t + AWAY_MAX + 1, Some(t + AWAY_MAX), AWAY_MAX));
+        assert!(w.looked(t + 2 * AWAY_MAX, 2, 0));
+        assert!(!w.away(t + 2 * AWAY_MAX + 1, Some(t + 2 * AWAY_MAX), AWAY_MAX));
+        assert!(w.staying(t + 2 * AWAY_MAX + STAY_MIN - 1));
     }
 
     #[test]
