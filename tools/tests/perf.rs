@@ -198,7 +198,7 @@ fn bench_quick_measures_everything() {
         );
     }
     let rtts = json["round_trips_us"].as_array().unwrap();
-    assert_eq!(rtts.len(), 4, "{json}");
+    assert_eq!(rtts.len(), 5, "{json}");
     for x in rtts {
         let (min, p50, p99) = (
             x["min"].as_f64().unwrap(),
