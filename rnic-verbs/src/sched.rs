@@ -48,11 +48,11 @@
 //! # Lingering
 //!
 //! Asleep, the engine thread is woken by the kernel when a datagram
-//! arrives, and on a virtual machine an idle core takes about ten
-//! microseconds to wake: a READ or atomic responder whose program never
-//! polls (the server of perftest's ib_read_lat and ib_atomic_lat) answers
-//! each request that much later, and a READ round trip was twice a WRITE
-//! ping-pong's. So where requests have been coming shortly after the
+//! arrives, which on this virtual machine takes ten microseconds and more
+//! (an idle core must wake first): a READ or atomic responder whose
+//! program never polls (the server of perftest's ib_read_lat and
+//! ib_atomic_lat) answers each request that much later, and a READ round
+//! trip was twice a WRITE ping-pong's. So where requests have been coming shortly after the
 //! engine ran out of work ([`Linger`]), it keeps looking at the socket for
 //! up to [`LINGER_WINDOW`] before it sleeps, as NAPI busy polling does. It
 //! lingers only while no thread of its program polls or posts (pollers
@@ -106,8 +106,9 @@ pub const LINGER_WINDOW: u64 = 50_000;
 /// When the engine thread lingers: it scores the idle spells that a
 /// datagram ended (from running out of work to the next datagram). A spell
 /// within the window counts up, as does one asleep within twice the window
-/// (asleep, the spell includes the wake-up: 40-95 us on this machine class
-/// for a gap of 10); a linger that ends with no datagram halves the score.
+/// (asleep, the spell includes the wake-up: 50-95 us in a test here for
+/// requests sent 10 us after the last work); a linger that ends with no
+/// datagram halves the score.
 /// It lingers from [`Linger::ON`] up: two short spells in a row start it,
 /// one empty linger does not stop a stream that lingered often, two do.
 #[derive(Debug, Default)]
