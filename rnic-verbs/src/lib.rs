@@ -1606,6 +1606,22 @@ mod tests {
     }
 
     impl Pair {
+        /// A program that only posts: receives posted on a's QP every
+        /// 100 us (a full receive queue refuses them: posts all the same),
+        /// never a poll, until `stop` (at most 100,000).
+        fn post_receives_until(&self, stop: &AtomicBool) {
+            for i in 0..100_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let _ = self._a_qp.post_recv(RecvWr {
+                    wr_id: 1000 + i,
+                    sg_list: sg_list![self.a_mr.sge(0, 64)],
+                });
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+
         fn post(&self) {
             send_one(
                 (&self.b_qp, &self.b_mr),
@@ -2568,18 +2584,7 @@ mod tests {
         assert!(p.a.engine.is_away());
         let stop = AtomicBool::new(false);
         let c = std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    // A full receive queue refuses it: a post all the same.
-                    let _ = p._a_qp.post_recv(RecvWr {
-                        wr_id: 1000 + i,
-                        sg_list: sg_list![p.a_mr.sge(0, 64)],
-                    });
-                    i += 1;
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            });
+            s.spawn(|| p.post_receives_until(&stop));
             p.write();
             let c = p.b_scq.wait(Duration::from_secs(5));
             stop.store(true, Ordering::Relaxed);
@@ -2603,9 +2608,10 @@ mod tests {
     /// has only its engine thread: requests that follow each other closely
     /// find it lingering on the socket, in the normal class, instead of
     /// asleep (nearly all of them on an idle machine, a third beside two
-    /// threads that spin; none without lingering); the requester's engine, whose program polls, never lingers;
-    /// and once the requests stop, the responder's engine sleeps again, in
-    /// real time where it started there.
+    /// threads that spin; none without lingering). The requester's engine,
+    /// whose program polls, never lingers; and once the requests stop, the
+    /// responder's engine sleeps again, in real time where it started
+    /// there.
     #[test]
     fn a_responder_nobody_polls_lingers_while_requests_follow_closely() {
         let p = pair();
@@ -2654,19 +2660,7 @@ mod tests {
         let polled_before = p.a.engine.polled_packets();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
-            s.spawn(|| {
-                for i in 0..100_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    // A full receive queue refuses it: a post all the same.
-                    let _ = p._a_qp.post_recv(RecvWr {
-                        wr_id: i,
-                        sg_list: sg_list![p.a_mr.sge(0, 64)],
-                    });
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            });
+            s.spawn(|| p.post_receives_until(&stop));
             for _ in 0..300 {
                 p.write();
                 let c = p.b_scq.spin(Duration::from_secs(10)).unwrap();
