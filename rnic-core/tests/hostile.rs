@@ -15,7 +15,6 @@ use rnic_core::wr::{InlineData, SendOp, SendWr, WcStatus};
 use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{bth, deth, reth, xrceth, IbPacket, IbRepr, Opcode};
 
-/// Everything `nic` wants to send, taken off its queue.
 /// Go-back-N rewinds into the middle of a request; an ACK then retires that
 /// request before it is resent. The requester must resume at the start of
 /// the next request, not at the old packet offset applied to it.

@@ -1869,7 +1869,7 @@ fn run(sh: &Shared, realtime: bool) {
                 continue;
             }
             if linger.stop() {
-                back_to_real_time(realtime);
+                linger_class(realtime, false);
             }
             leave_to_pollers(sh, &mut watch, away_for);
             continue;
@@ -1930,15 +1930,15 @@ fn run(sh: &Shared, realtime: bool) {
             match linger.idle(sh.clock(), window, sh.last_active()) {
                 Idle::Linger { started } => {
                     drop(st);
-                    if started && realtime {
-                        crate::sched::set_realtime(false);
+                    if started {
+                        linger_class(realtime, true);
                     }
                     std::thread::yield_now();
                     continue;
                 }
                 Idle::Sleep { stopped } => {
                     if stopped {
-                        back_to_real_time(realtime);
+                        linger_class(realtime, false);
                     }
                 }
             }
@@ -1982,12 +1982,12 @@ fn run(sh: &Shared, realtime: bool) {
     }
 }
 
-/// Asleep again after lingering: a real-time engine thread that lingered in
-/// the normal class returns to real time, where a datagram's wake-up
-/// preempts a busy program (see `sched`).
-fn back_to_real_time(realtime: bool) {
+/// A real-time engine thread lingers in the normal class, where spinning
+/// starves no one, and sleeps in real time, where a datagram's wake-up
+/// preempts a busy program (see `sched`): the class for `lingering`.
+fn linger_class(realtime: bool, lingering: bool) {
     if realtime {
-        crate::sched::set_realtime(true);
+        crate::sched::set_realtime(!lingering);
     }
 }
 
