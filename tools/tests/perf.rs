@@ -183,6 +183,7 @@ fn bench_quick_measures_everything() {
         "UDP",
         "UDP sendmmsg",
         "UDP GSO/GRO",
+        "UDP GSO/GRO, WRITE-shaped",
         "rnic WRITE 1 QP",
         "rnic READ 8 QP",
         "rnic SEND 8 QP",
@@ -198,7 +199,7 @@ fn bench_quick_measures_everything() {
         );
     }
     let rtts = json["round_trips_us"].as_array().unwrap();
-    assert_eq!(rtts.len(), 5, "{json}");
+    assert_eq!(rtts.len(), 6, "{json}");
     for x in rtts {
         let (min, p50, p99) = (
             x["min"].as_f64().unwrap(),

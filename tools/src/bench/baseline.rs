@@ -9,6 +9,20 @@
 //! - UDP and TCP ping-pongs, both sides spinning on a non-blocking socket
 //!   (as `sockperf --nonblocked` does, and as rnic's latency mode polls).
 //!
+//! And two that send what RoCE puts on the wire, with none of a NIC's work:
+//! the kernel's floor for rnic's shape of traffic, which no RoCE transport
+//! over UDP sockets can go below.
+//! - WRITE-shaped: the datagrams of RC WRITEs of the message size, each as
+//!   long as its packet (BTH, RETH on the first, payload, ICRC; see
+//!   [`write_datagrams`]), grouped into GSO sends as rnic groups them
+//!   (`rnic_verbs::udp::gso_run`) and sent by the engine's own code
+//!   (`rnic_verbs::udp::send_groups`) from an unconnected socket, to a
+//!   GRO socket. A WRITE's first packet is 16 bytes longer than the rest,
+//!   and the datagrams of a GSO send must all be as long as the first but
+//!   the last: a WRITE of three packets or more takes two sends.
+//! - A WRITE-shaped ping-pong: each way, what a 64 B WRITE ping-pong puts
+//!   on the wire, the WRITE and the ACK of the peer's, as one GSO send.
+//!
 //! Throughputs count what the receiver got (UDP drops what it cannot take),
 //! from its first datagram to its last.
 
@@ -18,6 +32,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use rnic_wire::{aeth, bth, reth, IbRepr, Opcode, Psn};
 use rustix::net::sockopt;
 
 /// Longest any baseline waits for a peer before giving up.
@@ -248,6 +263,121 @@ fn udp_receive(
     Ok((bps, bps / dgram as f64))
 }
 
+/// The UDP payload lengths of one RC RDMA WRITE of `size` bytes at path
+/// MTU `pmtu`, packet by packet: FIRST (with the RETH), MIDDLEs, LAST, or
+/// a WRITE ONLY (with the RETH) if it fits in one.
+pub fn write_datagrams(size: usize, pmtu: usize) -> Vec<usize> {
+    let n = size.div_ceil(pmtu).max(1);
+    (0..n)
+        .map(|i| {
+            let opcode = match (i, n) {
+                (_, 1) => Opcode::RC_RDMA_WRITE_ONLY,
+                (0, _) => Opcode::RC_RDMA_WRITE_FIRST,
+                (i, n) if i + 1 == n => Opcode::RC_RDMA_WRITE_LAST,
+                _ => Opcode::RC_RDMA_WRITE_MIDDLE,
+            };
+            let mut ib = IbRepr::new(bth::Repr::new(opcode, 0, Psn::new(0)));
+            if i == 0 {
+                ib.reth = Some(reth::Repr {
+                    va: 0,
+                    r_key: 0,
+                    dma_length: size as u32,
+                });
+            }
+            ib.payload_len = (size - i * pmtu).min(pmtu);
+            ib.buffer_len()
+        })
+        .collect()
+}
+
+/// The UDP payload length of an RC ACK.
+pub fn ack_datagram() -> usize {
+    let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_ACKNOWLEDGE, 0, Psn::new(0)));
+    ib.aeth = Some(aeth::Repr {
+        syndrome: aeth::Syndrome::Ack { credits: 0 },
+        msn: 0,
+    });
+    ib.buffer_len()
+}
+
+/// How the datagrams of `lens` (sent in that order to one destination) go
+/// as GSO sends: the number of datagrams in each, as rnic groups them.
+pub fn gso_groups(lens: &[usize], to: SocketAddr) -> Vec<usize> {
+    let mut groups = Vec::new();
+    let mut at = 0;
+    while at < lens.len() {
+        let n = rnic_verbs::udp::gso_run(lens.len() - at, |i| (to, lens[at + i]));
+        groups.push(n);
+        at += n;
+    }
+    groups
+}
+
+/// WRITE-shaped UDP (see the module's docs): RC WRITEs of `size` bytes at
+/// path MTU `pmtu`, as many as one `send_groups` call takes (at most 256
+/// datagrams, or one WRITE), for `time`; the message bytes and messages
+/// per second the receiver got.
+pub fn udp_write_shaped(
+    from: IpAddr,
+    to: IpAddr,
+    size: usize,
+    pmtu: usize,
+    time: Duration,
+) -> io::Result<(f64, f64)> {
+    let rx = UdpSocket::bind(SocketAddr::new(to, 0))?;
+    let dest = rx.local_addr()?;
+    let _ = sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
+    set_udp_option(&rx, libc::UDP_GRO, 1)?;
+    let tx = shaped_socket(from)?;
+    let _ = sockopt::set_socket_send_buffer_size(&tx, 4 << 20);
+    let one = write_datagrams(size, pmtu);
+    let wire: usize = one.iter().sum();
+    let writes = (256 / one.len()).max(1);
+    let lens: Vec<usize> = (0..writes).flat_map(|_| one.iter().copied()).collect();
+    let groups = gso_groups(&lens, dest);
+    let buf = vec![0x5Au8; lens.iter().copied().max().unwrap_or(0)];
+    let done = AtomicBool::new(false);
+    let (bps, msgs) = std::thread::scope(|s| {
+        let sender = s.spawn(|| -> io::Result<()> {
+            let start = Instant::now();
+            let r = (|| {
+                while start.elapsed() < time {
+                    let sent = rnic_verbs::udp::send_groups(tx.as_fd(), &groups, |i| {
+                        (dest, &buf[..lens[i]])
+                    })?;
+                    if sent.gso_refused {
+                        return Err(io::Error::other("the kernel refused a GSO send"));
+                    }
+                    if sent.datagrams < lens.len() {
+                        std::thread::yield_now();
+                    }
+                }
+                Ok(())
+            })();
+            done.store(true, Ordering::Release);
+            r
+        });
+        let got = udp_receive(&rx, wire, Udp::Segmented, &done);
+        sender
+            .join()
+            .map_err(|_| io::Error::other("the sender panicked"))??;
+        got
+    })?;
+    // What arrived is whole WRITEs' datagrams (GRO joins datagrams, never
+    // cuts one): in message bytes, size for every `wire` bytes.
+    Ok((bps * size as f64 / wire as f64, msgs))
+}
+
+/// A socket for WRITE-shaped sends: unconnected, on `from`, with
+/// `IP_PMTUDISC_DO` as rnic's (IPv4 identification 0 in every datagram).
+fn shaped_socket(from: IpAddr) -> io::Result<UdpSocket> {
+    let s = UdpSocket::bind(SocketAddr::new(from, 0))?;
+    if from.is_ipv4() {
+        sockopt::set_ip_mtu_discover(&s, sockopt::Ipv4PathMtuDiscovery::DO)?;
+    }
+    Ok(s)
+}
+
 /// Which socket a ping-pong bounces its message over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PingPong {
@@ -255,6 +385,10 @@ pub enum PingPong {
     Udp,
     /// One TCP connection (TCP_NODELAY).
     Tcp,
+    /// Two UDP sockets, each message going as what a 64 B WRITE ping-pong
+    /// sends: the WRITE of it and the ACK of the peer's last, as one GSO
+    /// send from an unconnected socket to a GRO socket.
+    WriteShaped,
 }
 
 /// Round trips of a `size`-byte message, `n` of them after `n / 10` to warm
@@ -278,6 +412,17 @@ pub fn ping_pong(
         PingPong::Tcp => {
             let (a, b) = tcp_pair(from, to)?;
             (Box::new(a), Box::new(b))
+        }
+        PingPong::WriteShaped => {
+            let (a, b) = (shaped_socket(from)?, shaped_socket(to)?);
+            for s in [&a, &b] {
+                set_udp_option(s, libc::UDP_GRO, 1)?;
+            }
+            let (to_b, to_a) = (b.local_addr()?, a.local_addr()?);
+            (
+                Box::new(Shaped::new(a, to_b, size)),
+                Box::new(Shaped::new(b, to_a, size)),
+            )
         }
     };
     a.nonblocking()?;
@@ -376,6 +521,71 @@ impl Bouncer for TcpStream {
     }
 }
 
+/// One end of a WRITE-shaped ping-pong.
+struct Shaped {
+    socket: UdpSocket,
+    peer: SocketAddr,
+    /// The WRITE's datagram and then the ACK's, back to back.
+    out: Vec<u8>,
+    /// The WRITE's length in `out`.
+    write: usize,
+    /// Room for what arrives.
+    rx: Vec<u8>,
+}
+
+impl Shaped {
+    fn new(socket: UdpSocket, peer: SocketAddr, size: usize) -> Shaped {
+        let write = write_datagrams(size, usize::MAX)[0];
+        Shaped {
+            socket,
+            peer,
+            out: vec![0; write + ack_datagram()],
+            write,
+            rx: vec![0; 1 << 16],
+        }
+    }
+
+    /// Where a message's bytes go in the WRITE's datagram: after the BTH
+    /// and RETH.
+    fn payload(&self, size: usize) -> std::ops::Range<usize> {
+        let at = self.write - size.next_multiple_of(4) - 4;
+        at..at + size
+    }
+}
+
+impl Bouncer for Shaped {
+    fn nonblocking(&mut self) -> io::Result<()> {
+        self.socket.set_nonblocking(true)
+    }
+    fn put(&mut self, m: &[u8]) -> io::Result<()> {
+        let at = self.payload(m.len());
+        self.out[at].copy_from_slice(m);
+        let (write, peer) = (self.write, self.peer);
+        let (socket, out) = (&self.socket, &self.out);
+        spin(|| {
+            let sent = rnic_verbs::udp::send_groups(socket.as_fd(), &[2], |i| {
+                (peer, if i == 0 { &out[..write] } else { &out[write..] })
+            })?;
+            match sent.datagrams {
+                2 => Ok(()),
+                _ if sent.gso_refused => Err(io::Error::other("the kernel refused a GSO send")),
+                _ => Err(io::ErrorKind::WouldBlock.into()),
+            }
+        })
+    }
+    fn take(&mut self, m: &mut [u8]) -> io::Result<()> {
+        // Both datagrams: one message where GRO joined them, else two.
+        let mut got = 0;
+        while got < self.out.len() {
+            let (socket, rx) = (&self.socket, &mut self.rx[got..]);
+            got += spin(|| socket.recv(rx))?;
+        }
+        let at = self.payload(m.len());
+        m.copy_from_slice(&self.rx[at]);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,10 +602,52 @@ mod tests {
             let (bps, pps) = udp_stream(A, B, 1024, how, t).unwrap();
             assert!(bps > 0.0 && pps > 0.0, "{how:?}");
         }
-        for over in [PingPong::Udp, PingPong::Tcp] {
+        let (bps, mps) = udp_write_shaped(A, B, 65536, 4096, t).unwrap();
+        assert!(bps > 0.0 && mps > 0.0);
+        for over in [PingPong::Udp, PingPong::Tcp, PingPong::WriteShaped] {
             let rtts = ping_pong(A, B, 64, 100, over).unwrap();
             assert_eq!(rtts.len(), 100);
             assert!(rtts[0] <= rtts[99]);
         }
+    }
+
+    #[test]
+    fn a_writes_datagrams_are_its_packets() {
+        // BTH 12, RETH 16, ICRC 4; pad to a multiple of 4.
+        assert_eq!(write_datagrams(64, 4096), [96]);
+        assert_eq!(write_datagrams(1, 4096), [36]);
+        assert_eq!(write_datagrams(0, 4096), [32]);
+        assert_eq!(write_datagrams(5000, 4096), [4128, 920]);
+        let big = write_datagrams(65536, 4096);
+        assert_eq!(big.len(), 16);
+        assert_eq!(big[0], 4128);
+        assert!(big[1..].iter().all(|&l| l == 4112));
+        assert_eq!(ack_datagram(), 20);
+    }
+
+    #[test]
+    fn a_shaped_message_is_a_write_and_an_ack_in_one_gso_send() {
+        let (a, b) = (shaped_socket(A).unwrap(), shaped_socket(B).unwrap());
+        set_udp_option(&b, libc::UDP_GRO, 1).unwrap();
+        b.set_read_timeout(Some(PATIENCE)).unwrap();
+        let mut end = Shaped::new(a, b.local_addr().unwrap(), 64);
+        end.put(&[7; 64]).unwrap();
+        // One GSO send reaches a GRO socket whole: both in one receive.
+        let mut got = [0u8; 1024];
+        assert_eq!(b.recv(&mut got).unwrap(), 96 + 20);
+        assert_eq!(got[28..92], [7; 64]);
+    }
+
+    #[test]
+    fn a_write_of_three_packets_or_more_takes_two_gso_sends() {
+        let to = SocketAddr::new(B, 4791);
+        assert_eq!(gso_groups(&write_datagrams(65536, 4096), to), [2, 14]);
+        assert_eq!(gso_groups(&write_datagrams(16384, 4096), to), [2, 2]);
+        assert_eq!(gso_groups(&write_datagrams(8192, 4096), to), [2]);
+        // WRITE ONLYs of one size go together.
+        let small: Vec<usize> = (0..100).flat_map(|_| write_datagrams(64, 4096)).collect();
+        assert_eq!(gso_groups(&small, to), [64, 36]);
+        // The ping-pong's WRITE and ACK: one send.
+        assert_eq!(gso_groups(&[96, ack_datagram()], to), [2]);
     }
 }

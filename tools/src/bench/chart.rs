@@ -147,7 +147,16 @@ fn round_trips(
 ) -> Res<()> {
     let n = r.round_trips.len().max(1);
     let top = r.round_trips.iter().map(|x| x.us[2]).fold(1.0f64, f64::max) * 1.1;
-    let names: Vec<String> = r.round_trips.iter().map(|x| x.name.clone()).collect();
+    // Short names, to fit under the bars: "UDP", "UDP shaped", "rnic WRITE".
+    let names: Vec<String> = r
+        .round_trips
+        .iter()
+        .map(|x| {
+            x.name
+                .replace(" ping-pong", "")
+                .replace(", WRITE-shaped", " shaped")
+        })
+        .collect();
     let mut chart = ChartBuilder::on(area)
         .caption(
             "64 B round trip, polling (bar p50, line to p99)",

@@ -265,14 +265,20 @@ fn measure(o: &Options) -> Res<Report> {
     }
     let (a, b) = rnic[0].1.addrs();
     let dgram = |size: u32| (size as usize).min(o.mtu.bytes());
-    let mut base: Vec<Series> = ["TCP stream", "UDP", "UDP sendmmsg", "UDP GSO/GRO"]
-        .iter()
-        .map(|n| Series {
-            name: n.to_string(),
-            rnic: false,
-            points: Vec::new(),
-        })
-        .collect();
+    let mut base: Vec<Series> = [
+        "TCP stream",
+        "UDP",
+        "UDP sendmmsg",
+        "UDP GSO/GRO",
+        WRITE_SHAPED,
+    ]
+    .iter()
+    .map(|n| Series {
+        name: n.to_string(),
+        rnic: false,
+        points: Vec::new(),
+    })
+    .collect();
     for &size in &o.sizes {
         progress(&format!("{size} B: TCP"));
         let tcp = baseline::tcp_stream(a, b, size as usize, o.time)?;
@@ -289,6 +295,9 @@ fn measure(o: &Options) -> Res<Report> {
             let msgs = pps * dgram(size) as f64 / f64::from(size);
             base[i + 1].points.push((size, gbit(bps), msgs / 1e6));
         }
+        progress(&format!("{size} B: UDP WRITE-shaped"));
+        let (bps, mps) = baseline::udp_write_shaped(a, b, size as usize, o.mtu.bytes(), o.time)?;
+        base[4].points.push((size, gbit(bps), mps / 1e6));
         for (po, run, s) in &mut rnic {
             progress(&format!("{size} B: {}", s.name));
             let row = run.measure(po, size)?;
@@ -316,6 +325,7 @@ fn measure(o: &Options) -> Res<Report> {
     for (name, over) in [
         ("UDP ping-pong", PingPong::Udp),
         ("TCP ping-pong", PingPong::Tcp),
+        (PING_PONG_SHAPED, PingPong::WriteShaped),
     ] {
         let rtts = baseline::ping_pong(a, b, 64, o.round_trips, over)?;
         r.round_trips.push(RoundTrip {
@@ -368,7 +378,75 @@ fn measure(o: &Options) -> Res<Report> {
         });
     }
     r.goals = goals(&r, o);
+    let floor = against_the_floor(&r, o);
+    r.other.extend(floor);
     Ok(r)
+}
+
+/// The bandwidth series of the kernel sending a WRITE's datagrams.
+const WRITE_SHAPED: &str = "UDP GSO/GRO, WRITE-shaped";
+/// The ping-pong of a WRITE's datagrams.
+const PING_PONG_SHAPED: &str = "UDP ping-pong, WRITE-shaped";
+
+/// How far RoCE's shape of traffic alone sets the kernel back, and how far
+/// rnic's own work then does: the goals' ratios split in two. No goal of
+/// their own.
+fn against_the_floor(r: &Report, o: &Options) -> Vec<Figure> {
+    let big = if o.sizes.contains(&65536) {
+        65536
+    } else {
+        o.sizes.iter().copied().max().unwrap_or(64)
+    };
+    let gbps = |name: &str| {
+        r.series
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.at(big))
+            .map(|x| x.0)
+    };
+    let p50 = |name: &str| {
+        r.round_trips
+            .iter()
+            .find(|x| x.name == name)
+            .map(|x| x.us[1])
+    };
+    let mut f = Vec::new();
+    let mut ratio = |key, what: String, x: Option<f64>, base: Option<f64>| {
+        if let (Some(x), Some(base)) = (x, base) {
+            f.push(Figure {
+                key,
+                what,
+                value: x / base,
+                unit: "x",
+            });
+        }
+    };
+    let size = size_label(big);
+    ratio(
+        "shaped_vs_gso",
+        format!("{size}: {WRITE_SHAPED} / UDP GSO/GRO"),
+        gbps(WRITE_SHAPED),
+        gbps("UDP GSO/GRO"),
+    );
+    ratio(
+        "write_vs_shaped",
+        format!("{size}: rnic WRITE 1 QP / {WRITE_SHAPED}"),
+        gbps("rnic WRITE 1 QP"),
+        gbps(WRITE_SHAPED),
+    );
+    ratio(
+        "shaped_vs_ping_pong",
+        format!("64 B round trip p50: {PING_PONG_SHAPED} / UDP ping-pong"),
+        p50(PING_PONG_SHAPED),
+        p50("UDP ping-pong"),
+    );
+    ratio(
+        "write_rt_vs_shaped",
+        format!("64 B round trip p50: rnic WRITE / {PING_PONG_SHAPED}"),
+        p50("rnic WRITE"),
+        p50(PING_PONG_SHAPED),
+    );
+    f
 }
 
 /// min, p50, p99 of sorted durations, times `scale`, in microseconds.
@@ -612,9 +690,12 @@ fn print(r: &Report, o: &Options, out: &mut impl Write) -> io::Result<()> {
             " (a READ: post to completion; nothing polls on the responder's side)"
         )?;
     }
-    if !r.other.is_empty() {
+    // Ratios (unit "x") come after the goals they split.
+    let (ratios, figures): (Vec<&Figure>, Vec<&Figure>) =
+        r.other.iter().partition(|f| f.unit == "x");
+    if !figures.is_empty() {
         writeln!(out)?;
-        for f in &r.other {
+        for f in figures {
             writeln!(out, " {}: {:.2} {}", f.what, f.value, f.unit)?;
         }
     }
@@ -632,6 +713,15 @@ fn print(r: &Report, o: &Options, out: &mut impl Write) -> io::Result<()> {
             g.goal,
             if g.met() { "met" } else { "MISSED" }
         )?;
+    }
+    if !ratios.is_empty() {
+        writeln!(
+            out,
+            "\n The same ratios split in two: the kernel sending RoCE's datagrams with no\n NIC's work, against its own figure; then rnic against that"
+        )?;
+        for f in ratios {
+            writeln!(out, " {:<70} {:>7.2}", f.what, f.value)?;
+        }
     }
     if r.failures > 0 {
         writeln!(out, "\n {} rnic operations FAILED", r.failures)?;
