@@ -159,58 +159,66 @@ pub fn udp_stream(
     how: Udp,
     time: Duration,
 ) -> io::Result<(f64, f64)> {
+    let tx = UdpSocket::bind(SocketAddr::new(from, 0))?;
+    let per_call = match how {
+        Udp::Segmented if dgram < GSO_MAX => {
+            set_udp_option(&tx, libc::UDP_SEGMENT, dgram as libc::c_int)?;
+            (GSO_MAX / dgram).min(64) * dgram
+        }
+        _ => dgram,
+    };
+    let buf = vec![0x5Au8; per_call];
+    stream(tx, to, how, dgram, time, |tx, dest| {
+        let sent = match how {
+            Udp::PerCall | Udp::Segmented => tx.send_to(&buf, dest).map(|_| 1),
+            Udp::Batched => {
+                rnic_verbs::udp::send(tx.as_fd(), rnic_verbs::udp::BATCH, |_| (dest, &buf[..]))
+            }
+        };
+        Ok(matches!(sent, Ok(n) if n > 0))
+    })
+}
+
+/// What `send` sends from `tx` to a socket on `to`, called again and again
+/// for `time` (when it says the socket buffer refused some, the sender
+/// lets the receiver catch up), received as `how` says: the receiver's
+/// bytes per second, and `unit`s of bytes per second.
+fn stream(
+    tx: UdpSocket,
+    to: IpAddr,
+    how: Udp,
+    unit: usize,
+    time: Duration,
+    send: impl Fn(&UdpSocket, SocketAddr) -> io::Result<bool> + Sync,
+) -> io::Result<(f64, f64)> {
     let rx = UdpSocket::bind(SocketAddr::new(to, 0))?;
     let dest = rx.local_addr()?;
     let _ = sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
     if how == Udp::Segmented {
         set_udp_option(&rx, libc::UDP_GRO, 1)?;
     }
-    let tx = UdpSocket::bind(SocketAddr::new(from, 0))?;
     let _ = sockopt::set_socket_send_buffer_size(&tx, 4 << 20);
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let sender = s.spawn(|| {
-            let r = udp_send(&tx, dest, dgram, how, time);
+            let start = Instant::now();
+            let r = (|| -> io::Result<()> {
+                while start.elapsed() < time {
+                    if !send(&tx, dest)? {
+                        std::thread::yield_now();
+                    }
+                }
+                Ok(())
+            })();
             done.store(true, Ordering::Release);
             r
         });
-        let got = udp_receive(&rx, dgram, how, &done);
+        let got = udp_receive(&rx, unit, how, &done);
         sender
             .join()
             .map_err(|_| io::Error::other("the sender panicked"))??;
         got
     })
-}
-
-fn udp_send(
-    tx: &UdpSocket,
-    to: SocketAddr,
-    dgram: usize,
-    how: Udp,
-    time: Duration,
-) -> io::Result<()> {
-    let per_call = match how {
-        Udp::Segmented if dgram < GSO_MAX => {
-            set_udp_option(tx, libc::UDP_SEGMENT, dgram as libc::c_int)?;
-            (GSO_MAX / dgram).min(64) * dgram
-        }
-        _ => dgram,
-    };
-    let buf = vec![0x5Au8; per_call];
-    let start = Instant::now();
-    while start.elapsed() < time {
-        let sent = match how {
-            Udp::PerCall | Udp::Segmented => tx.send_to(&buf, to).map(|_| 1),
-            Udp::Batched => {
-                rnic_verbs::udp::send(tx.as_fd(), rnic_verbs::udp::BATCH, |_| (to, &buf[..]))
-            }
-        };
-        // A full socket buffer: let the receiver catch up.
-        if !matches!(sent, Ok(n) if n > 0) {
-            std::thread::yield_now();
-        }
-    }
-    Ok(())
 }
 
 fn udp_receive(
@@ -324,44 +332,20 @@ pub fn udp_write_shaped(
     pmtu: usize,
     time: Duration,
 ) -> io::Result<(f64, f64)> {
-    let rx = UdpSocket::bind(SocketAddr::new(to, 0))?;
-    let dest = rx.local_addr()?;
-    let _ = sockopt::set_socket_recv_buffer_size(&rx, 4 << 20);
-    set_udp_option(&rx, libc::UDP_GRO, 1)?;
-    let tx = shaped_socket(from)?;
-    let _ = sockopt::set_socket_send_buffer_size(&tx, 4 << 20);
     let one = write_datagrams(size, pmtu);
     let wire: usize = one.iter().sum();
     let writes = (256 / one.len()).max(1);
     let lens: Vec<usize> = (0..writes).flat_map(|_| one.iter().copied()).collect();
-    let groups = gso_groups(&lens, dest);
     let buf = vec![0x5Au8; lens.iter().copied().max().unwrap_or(0)];
-    let done = AtomicBool::new(false);
-    let (bps, msgs) = std::thread::scope(|s| {
-        let sender = s.spawn(|| -> io::Result<()> {
-            let start = Instant::now();
-            let r = (|| {
-                while start.elapsed() < time {
-                    let sent = rnic_verbs::udp::send_groups(tx.as_fd(), &groups, |i| {
-                        (dest, &buf[..lens[i]])
-                    })?;
-                    if sent.gso_refused {
-                        return Err(io::Error::other("the kernel refused a GSO send"));
-                    }
-                    if sent.datagrams < lens.len() {
-                        std::thread::yield_now();
-                    }
-                }
-                Ok(())
-            })();
-            done.store(true, Ordering::Release);
-            r
-        });
-        let got = udp_receive(&rx, wire, Udp::Segmented, &done);
-        sender
-            .join()
-            .map_err(|_| io::Error::other("the sender panicked"))??;
-        got
+    // All go to one destination: any address groups them alike.
+    let groups = gso_groups(&lens, SocketAddr::new(to, 0));
+    let tx = shaped_socket(from)?;
+    let (bps, msgs) = stream(tx, to, Udp::Segmented, wire, time, |tx, dest| {
+        let sent = rnic_verbs::udp::send_groups(tx.as_fd(), &groups, |i| (dest, &buf[..lens[i]]))?;
+        if sent.gso_refused {
+            return Err(io::Error::other("the kernel refused a GSO send"));
+        }
+        Ok(sent.datagrams == lens.len())
     })?;
     // What arrived is whole WRITEs' datagrams (GRO joins datagrams, never
     // cuts one): in message bytes, size for every `wire` bytes.
