@@ -10,8 +10,8 @@
 //!   (as `sockperf --nonblocked` does, and as rnic's latency mode polls).
 //!
 //! And two that send what RoCE puts on the wire, with none of a NIC's work:
-//! the kernel's floor for rnic's shape of traffic, which no RoCE transport
-//! over UDP sockets can go below.
+//! the kernel's floor for rnic's traffic, what rnic would reach if its own
+//! work cost nothing.
 //! - WRITE-shaped: the datagrams of RC WRITEs of the message size, each as
 //!   long as its packet (BTH, RETH on the first, payload, ICRC; see
 //!   [`write_datagrams`]), grouped into GSO sends as rnic groups them
