@@ -56,6 +56,16 @@ impl Options {
         }
     }
 
+    /// The size the large-message goals are read at: 64 KiB, or the
+    /// largest measured.
+    fn big(&self) -> u32 {
+        if self.sizes.contains(&65536) {
+            65536
+        } else {
+            self.sizes.iter().copied().max().unwrap_or(64)
+        }
+    }
+
     /// A few seconds: every figure once, small (a smoke test of the bench).
     pub fn quick(out: PathBuf) -> Options {
         Options {
@@ -169,6 +179,24 @@ pub struct Report {
     pub goals: Vec<Goal>,
     /// Operations that failed (a correct run has none).
     pub failures: u64,
+}
+
+impl Report {
+    /// Series `name` at `size`: (Gb/s, million messages per second).
+    fn at(&self, name: &str, size: u32) -> Option<(f64, f64)> {
+        self.series
+            .iter()
+            .find(|s| s.name == name)
+            .and_then(|s| s.at(size))
+    }
+
+    /// The median round trip of `name` (us).
+    fn p50(&self, name: &str) -> Option<f64> {
+        self.round_trips
+            .iter()
+            .find(|x| x.name == name)
+            .map(|x| x.us[1])
+    }
 }
 
 /// What is being measured, on one line of a terminal.
@@ -392,24 +420,9 @@ const PING_PONG_SHAPED: &str = "UDP ping-pong, WRITE-shaped";
 /// rnic's own work then does: the goals' ratios split in two. No goal of
 /// their own.
 fn against_the_floor(r: &Report, o: &Options) -> Vec<Figure> {
-    let big = if o.sizes.contains(&65536) {
-        65536
-    } else {
-        o.sizes.iter().copied().max().unwrap_or(64)
-    };
-    let gbps = |name: &str| {
-        r.series
-            .iter()
-            .find(|s| s.name == name)
-            .and_then(|s| s.at(big))
-            .map(|x| x.0)
-    };
-    let p50 = |name: &str| {
-        r.round_trips
-            .iter()
-            .find(|x| x.name == name)
-            .map(|x| x.us[1])
-    };
+    let big = o.big();
+    let gbps = |name: &str| r.at(name, big).map(|x| x.0);
+    let p50 = |name: &str| r.p50(name);
     let mut f = Vec::new();
     let mut ratio = |key, what: String, x: Option<f64>, base: Option<f64>| {
         if let (Some(x), Some(base)) = (x, base) {
@@ -524,15 +537,10 @@ pub(crate) fn rss_bytes() -> Option<u64> {
 }
 
 fn goals(r: &Report, o: &Options) -> Vec<Goal> {
-    let find = |name: &str| r.series.iter().find(|s| s.name == name);
     let mut g = Vec::new();
-    let big = if o.sizes.contains(&65536) {
-        65536
-    } else {
-        o.sizes.iter().copied().max().unwrap_or(64)
-    };
+    let big = o.big();
     let small = o.sizes.iter().copied().min().unwrap_or(64);
-    let at = |name: &str, size: u32| find(name).and_then(|s| s.at(size));
+    let at = |name: &str, size: u32| r.at(name, size);
     if let (Some(w), Some(t), Some(u)) = (
         at("rnic WRITE 1 QP", big),
         at("TCP stream", big),
@@ -542,12 +550,7 @@ fn goals(r: &Report, o: &Options) -> Vec<Goal> {
         g.push(Goal::at_least(what("TCP stream"), w.0 / t.0, 1.0));
         g.push(Goal::at_least(what("UDP GSO/GRO"), w.0 / u.0, 0.8));
     }
-    let p50 = |name: &str| {
-        r.round_trips
-            .iter()
-            .find(|x| x.name == name)
-            .map(|x| x.us[1])
-    };
+    let p50 = |name: &str| r.p50(name);
     if let Some(udp) = p50("UDP ping-pong") {
         for op in ["WRITE", "SEND"] {
             if let Some(x) = p50(&format!("rnic {op}")) {
