@@ -32,7 +32,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rnic_wire::{aeth, bth, reth, IbRepr, Opcode, Psn};
+use rnic_wire::{bth, IbRepr, Opcode, Psn};
 use rustix::net::sockopt;
 
 /// Longest any baseline waits for a peer before giving up.
@@ -284,14 +284,9 @@ pub fn write_datagrams(size: usize, pmtu: usize) -> Vec<usize> {
                 (i, n) if i + 1 == n => Opcode::RC_RDMA_WRITE_LAST,
                 _ => Opcode::RC_RDMA_WRITE_MIDDLE,
             };
+            // The opcode says which headers follow the BTH (the RETH on
+            // the first): a length needs nothing else but the payload's.
             let mut ib = IbRepr::new(bth::Repr::new(opcode, 0, Psn::new(0)));
-            if i == 0 {
-                ib.reth = Some(reth::Repr {
-                    va: 0,
-                    r_key: 0,
-                    dma_length: size as u32,
-                });
-            }
             ib.payload_len = (size - i * pmtu).min(pmtu);
             ib.buffer_len()
         })
@@ -300,12 +295,8 @@ pub fn write_datagrams(size: usize, pmtu: usize) -> Vec<usize> {
 
 /// The UDP payload length of an RC ACK.
 pub fn ack_datagram() -> usize {
-    let mut ib = IbRepr::new(bth::Repr::new(Opcode::RC_ACKNOWLEDGE, 0, Psn::new(0)));
-    ib.aeth = Some(aeth::Repr {
-        syndrome: aeth::Syndrome::Ack { credits: 0 },
-        msn: 0,
-    });
-    ib.buffer_len()
+    // BTH and AETH, as the opcode says, and the ICRC.
+    IbRepr::new(bth::Repr::new(Opcode::RC_ACKNOWLEDGE, 0, Psn::new(0))).buffer_len()
 }
 
 /// How the datagrams of `lens` (sent in that order to one destination) go
