@@ -49,16 +49,16 @@
 //!
 //! Asleep, the engine thread is woken by the kernel when a datagram
 //! arrives, which on this virtual machine takes ten microseconds and more
-//! (an idle core must wake first): a READ or atomic responder whose
-//! program never polls (the server of perftest's ib_read_lat and
-//! ib_atomic_lat) answers each request that much later, and a READ round
-//! trip was twice a WRITE ping-pong's. So where requests have been coming shortly after the
+//! (an idle core must wake first): a READ or atomic responder whose program
+//! never polls (the server of perftest's ib_read_lat and ib_atomic_lat)
+//! answers each request that much later, and a READ round trip was twice a
+//! WRITE ping-pong's. So where requests have been coming shortly after the
 //! engine ran out of work ([`Linger`]), it keeps looking at the socket for
 //! up to [`LINGER_WINDOW`] before it sleeps, as NAPI busy polling does. It
-//! lingers only while no thread of its program polls or posts (pollers
-//! take the packets in then), and in the normal class, yielding its core
-//! at every look: a thread of the normal class spinning beside it keeps
-//! its core. `RNIC_BUSY_POLL_US` sets the window (0: never linger).
+//! lingers only while no thread of its program polls or posts (pollers take
+//! the packets in then), and in the normal class, yielding its core at
+//! every look: a thread of the normal class spinning beside it keeps its
+//! core. `RNIC_BUSY_POLL_US` sets the window (0: never linger).
 
 use rustix::thread::CpuSet;
 
