@@ -162,7 +162,7 @@ impl CqTable {
 
     /// Add `cq`; its handle.
     pub fn insert(&mut self, cq: Cq) -> CqHandle {
-        let i = crate::mem::free_slot(&mut self.slots);
+        let i = crate::table::free_slot(&mut self.slots);
         self.slots[i] = Some(cq);
         CqHandle(i as u32)
     }

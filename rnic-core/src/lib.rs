@@ -10,10 +10,16 @@
 #![forbid(unsafe_code)]
 
 mod comp;
+pub mod counters;
 pub mod cq;
+pub mod datagram;
+pub mod device;
+pub mod error;
+#[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod mem;
 pub mod nic;
+pub mod pool;
 pub mod qp;
 mod rc;
 mod req;
@@ -21,10 +27,15 @@ mod resp;
 pub mod rng;
 pub mod sim;
 pub mod srq;
+mod table;
 pub mod time;
 mod txq;
 mod ud;
 pub mod wr;
 
-pub use nic::{Counters, DeviceAttr, Footprint, Mechanisms, Nic, VerbError, DEVICE_ATTR};
-pub use rc::{ExecKind, Execution, QpCaps};
+pub use counters::{Counters, Footprint};
+pub use datagram::{Arrival, Datagram, Header, Kind};
+pub use device::{DeviceAttr, DEVICE_ATTR};
+pub use error::VerbError;
+pub use nic::Nic;
+pub use rc::{ExecKind, Execution, Mechanisms, QpCaps};

@@ -13,11 +13,9 @@
 
 use core::fmt;
 
-use core::hash::BuildHasherDefault;
-use std::collections::HashMap;
-
-use crate::nic::{Footprint, IdHasher};
+use crate::counters::Footprint;
 use crate::rng::{Ids, SecretRng};
+use crate::table::{free_slot, IdMap};
 
 /// Memory access rights, with the values of `ibv_access_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -320,7 +318,7 @@ struct Binding {
 const MW_INDEX: usize = 1 << 23;
 
 /// Key indices to slots.
-type Slots = HashMap<u32, usize, BuildHasherDefault<IdHasher>>;
+type Slots = IdMap<usize>;
 
 /// A BIND_MW work request's arguments (`ibv_mw_bind_info` and the new R_Key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -355,18 +353,6 @@ impl Span {
     /// Whether the span is empty.
     pub const fn is_empty(&self) -> bool {
         self.len == 0
-    }
-}
-
-/// A free slot in the table `v` (the first, so the table stays as long as
-/// the most objects alive at once), made if need be.
-pub(crate) fn free_slot<T>(v: &mut Vec<Option<T>>) -> usize {
-    match v.iter().position(Option::is_none) {
-        Some(i) => i,
-        None => {
-            v.push(None);
-            v.len() - 1
-        }
     }
 }
 

@@ -5,272 +5,27 @@
 //! [`Nic::poll_cq`], [`Nic::next_deadline`]).
 
 use core::fmt;
-use core::hash::{BuildHasherDefault, Hasher};
 use core::net::IpAddr;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use rnic_wire::encap::{Frame, LinkType};
 use rnic_wire::{icrc, IbPacket, Psn};
 
+use crate::counters::{Counters, Footprint};
 use crate::cq::{Cq, CqHandle, CqTable};
-use crate::mem::{Access, MemError, Memory, MrKeys, PdHandle, Region};
+use crate::datagram::{Arrival, Datagram, Header};
+use crate::device::{DEVICE_ATTR, QPNS};
+use crate::error::VerbError;
+use crate::mem::{Access, Memory, MrKeys, PdHandle, Region};
+use crate::pool::BufferPool;
 use crate::qp::{self, AddressVector, AttrMask, Limits, ModifyError, QpAttr, QpState, QpType};
-use crate::rc::{sg_len, Ctx, Execution, Qp, QpCaps, SendWqe, Timers};
+use crate::rc::{sg_len, Ctx, Execution, Mechanisms, Qp, QpCaps, SendWqe, Timers};
 use crate::rng::{Ids, SecretRng};
-use crate::sim::Datagram;
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
+use crate::table::{free_slot, IdMap};
 use crate::time::Time;
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, UdDest};
 
-/// Counters, named like rdma_rxe's hardware counters where one exists.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Packets sent.
-    pub sent_pkts: u64,
-    /// Packets received and accepted for processing.
-    pub rcvd_pkts: u64,
-    /// Packets dropped because their ICRC was wrong.
-    pub icrc_errors: u64,
-    /// Packets dropped because they did not parse.
-    pub malformed: u64,
-    /// Packets for a QP that does not exist (or is not connected to the sender).
-    pub unknown_qp: u64,
-    /// Duplicate requests received.
-    pub duplicate_request: u64,
-    /// Duplicate READs dropped because they were not the same READ or a
-    /// part of it (another R_Key, a range outside it, responses beyond its PSNs).
-    pub duplicate_read_refused: u64,
-    /// Requests received ahead of the expected PSN.
-    pub out_of_seq_request: u64,
-    /// RNR NAKs sent.
-    pub send_rnr_err: u64,
-    /// RNR NAKs received.
-    pub rcvd_rnr_err: u64,
-    /// Sequence-error NAKs received.
-    pub rcvd_seq_err: u64,
-    /// Sequence-error NAKs that started no retransmission, one being under way.
-    pub seq_nak_ignored: u64,
-    /// Retransmissions started (timeout, sequence NAK, missing READ response).
-    pub completer_retry_err: u64,
-    /// Requests failed with RETRY_EXC_ERR.
-    pub retry_exceeded_err: u64,
-    /// Requests failed with RNR_RETRY_EXC_ERR.
-    pub retry_rnr_exceeded_err: u64,
-    /// Responses for nothing outstanding (ghost or duplicate ACKs).
-    pub ghost_or_duplicate_response: u64,
-    /// Times a requester shrank its window because a round trip took more
-    /// than a quarter of its local ACK timeout (a queue in front of a slow
-    /// responder).
-    pub window_delay_cuts: u64,
-    /// Times a SEND or WRITE with immediate waited for the responder's
-    /// end-to-end credits (IBTA 9.7.7.2; rdmavt's `rc_crwaits`).
-    pub credit_waits: u64,
-    /// READ response packets dropped because their opcode does not fit
-    /// where they fall in the response (a LAST where a FIRST is due, say).
-    pub read_response_out_of_order: u64,
-    /// SEND messages received.
-    pub rdma_recvs: u64,
-    /// UC messages dropped (a PSN gap, or a request that could not be carried out).
-    pub uc_dropped: u64,
-    /// UD packets dropped for a Q_Key that was not the QP's.
-    pub qkey_violations: u64,
-    /// Packets dropped for a BTH TVer other than 0 (IBTA 9.2.6; rdma_rxe's
-    /// `hdr_check` drops them too).
-    pub bad_tver: u64,
-    /// Packets dropped because their P_Key does not match the QP's
-    /// (IBTA 9.2.7, 10.9.3: rnic's one P_Key is the default 0xFFFF, which
-    /// matches 0xFFFF and the limited member 0x7FFF).
-    pub pkey_violations: u64,
-    /// Packets dropped because their opcode is of another transport than
-    /// the QP's (a UD or XRC SEND to an RC QP, say; as rdma_rxe's
-    /// `check_type_state`).
-    pub wrong_transport: u64,
-    /// UD packets dropped because no receive was posted.
-    pub ud_dropped_no_recv: u64,
-    /// Packets that could not be built.
-    pub send_err: u64,
-    /// Plain ACKs withdrawn before they left, a newer ACK of the same QP
-    /// saying what they said (coalesced, see the transmit queue).
-    pub acks_coalesced: u64,
-    /// Responses dropped because a QP already held its most behind a READ
-    /// response (the requester's retry recovers them).
-    pub responses_dropped: u64,
-    /// Frames a frame transport handed over that were not RoCE v2 to this
-    /// NIC: another protocol, another UDP port, another destination address.
-    pub foreign_frames: u64,
-    /// Invalid Request NAKs sent (a malformed or impossible request: a
-    /// length past the path MTU, a misaligned atomic, a bad opcode sequence).
-    pub nak_invalid_request_sent: u64,
-    /// Remote Access Error NAKs sent (an R_Key, range, right or domain the
-    /// request had no claim to).
-    pub nak_remote_access_sent: u64,
-    /// Remote Operational Error NAKs sent.
-    pub nak_remote_op_sent: u64,
-}
-
-/// Transport mechanisms that can be switched off, to watch what breaks without
-/// them (in the simulator: a property test shows the invariant they protect
-/// failing). All are on by default; never switch them off on a real network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mechanisms {
-    /// The responder recognises requests older than the expected PSN as
-    /// duplicates. Off, it executes them again.
-    pub duplicate_detection: bool,
-    /// The responder answers a duplicate atomic from its replay cache. Off, it
-    /// executes the atomic again.
-    pub atomic_replay_cache: bool,
-}
-
-impl Default for Mechanisms {
-    fn default() -> Mechanisms {
-        Mechanisms {
-            duplicate_detection: true,
-            atomic_replay_cache: true,
-        }
-    }
-}
-
-/// Why a verb was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VerbError {
-    /// A memory or protection domain error.
-    Mem(MemError),
-    /// A modify_qp error.
-    Modify(ModifyError),
-    /// No QP with this number.
-    NoSuchQp(u32),
-    /// No CQ with this handle.
-    NoSuchCq(CqHandle),
-    /// The QP type is not implemented yet.
-    Unsupported(&'static str),
-    /// The queue is full (`max_send_wr` / `max_recv_wr`).
-    QueueFull,
-    /// More scatter/gather entries than the QP's capacity.
-    TooManySge {
-        /// Entries given.
-        given: usize,
-        /// The QP's limit.
-        max: u32,
-    },
-    /// An atomic work request whose local buffer is not one 8-byte SGE.
-    BadAtomicSge,
-    /// The QP's state does not allow this verb.
-    BadState(QpState),
-    /// A message longer than 2^31 bytes.
-    MessageTooLong(u64),
-    /// A READ whose response needs 2^23 packets or more at the QP's path MTU:
-    /// its PSNs would span half the 24-bit space, where modular comparisons
-    /// no longer tell before from after.
-    ReadTooManyPackets {
-        /// Bytes asked for.
-        len: u64,
-        /// The path MTU in bytes.
-        pmtu: u64,
-    },
-    /// Queue capacities beyond the device's (see [`DEVICE_ATTR`]).
-    CapsTooLarge,
-    /// A CQ resized below the completions waiting in it (or to 0).
-    CqTooSmall {
-        /// The depth asked for.
-        depth: usize,
-        /// Completions waiting.
-        waiting: usize,
-    },
-    /// Inline data on an operation that takes none, or more than the device allows.
-    BadInline {
-        /// Bytes given.
-        len: usize,
-    },
-    /// An SRQ that QPs still take their receives from (`ibv_destroy_srq`).
-    SrqBusy(SrqHandle),
-    /// A CQ that QPs still complete into (`ibv_destroy_cq`).
-    CqBusy(CqHandle),
-}
-
-impl fmt::Display for VerbError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VerbError::Mem(e) => e.fmt(f),
-            VerbError::Modify(e) => e.fmt(f),
-            VerbError::NoSuchQp(q) => write!(f, "no QP {q:#x}"),
-            VerbError::NoSuchCq(c) => write!(f, "no CQ {}", c.0),
-            VerbError::Unsupported(what) => write!(f, "{what} is not supported yet"),
-            VerbError::QueueFull => f.write_str("the work queue is full"),
-            VerbError::TooManySge { given, max } => {
-                write!(f, "{given} scatter/gather entries, the QP takes {max}")
-            }
-            VerbError::BadAtomicSge => f.write_str("an atomic needs one 8-byte local SGE"),
-            VerbError::BadState(s) => write!(f, "not allowed in state {s}"),
-            VerbError::MessageTooLong(n) => write!(f, "message of {n} bytes exceeds 2^31"),
-            VerbError::ReadTooManyPackets { len, pmtu } => write!(
-                f,
-                "a READ of {len} bytes needs {} response packets at path MTU {pmtu}; \
-                 fewer than 2^23 fit the PSN space",
-                len.div_ceil(*pmtu)
-            ),
-            VerbError::BadInline { len } => write!(
-                f,
-                "{len} bytes of inline data: SEND and WRITE only, at most {}",
-                DEVICE_ATTR.max_inline_data
-            ),
-            VerbError::CapsTooLarge => write!(
-                f,
-                "queue capacities exceed the device's ({} work requests, {} SGEs, {} CQEs)",
-                DEVICE_ATTR.max_qp_wr, DEVICE_ATTR.max_sge, DEVICE_ATTR.max_cqe
-            ),
-            VerbError::CqTooSmall { depth, waiting } => write!(
-                f,
-                "a CQ of depth {depth} cannot hold the {waiting} completions waiting in it"
-            ),
-            VerbError::SrqBusy(s) => write!(f, "SRQ {} still has queue pairs", s.0),
-            VerbError::CqBusy(c) => write!(f, "CQ {} still has queue pairs", c.0),
-        }
-    }
-}
-
-impl std::error::Error for VerbError {}
-
-impl From<MemError> for VerbError {
-    fn from(e: MemError) -> VerbError {
-        VerbError::Mem(e)
-    }
-}
-
-/// What the NIC supports (`ibv_device_attr`), enforced where QPs and CQs are
-/// created and modified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceAttr {
-    /// Queue pairs (24-bit QPNs from 0x11).
-    pub max_qp: u32,
-    /// Work requests per queue.
-    pub max_qp_wr: u32,
-    /// Scatter/gather entries per work request.
-    pub max_sge: u32,
-    /// Entries per completion queue.
-    pub max_cqe: u32,
-    /// Outstanding READs/atomics per QP as responder.
-    pub max_qp_rd_atom: u8,
-    /// Outstanding READs/atomics per QP as requester.
-    pub max_qp_init_rd_atom: u8,
-    /// The largest message.
-    pub max_msg_sz: u32,
-    /// The most inline data a send may carry.
-    pub max_inline_data: u32,
-}
-
-/// rnic's device attributes.
-pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
-    max_qp: QPNS.1 - QPNS.0 + 1,
-    max_qp_wr: 32_768,
-    max_sge: 32,
-    max_cqe: 1 << 20,
-    max_qp_rd_atom: 128,
-    max_qp_init_rd_atom: 128,
-    max_msg_sz: 1 << 31,
-    max_inline_data: crate::wr::MAX_INLINE_DATA as u32,
-};
-
-/// No more scatter/gather entries than the queue takes.
 /// Take QP `qp`'s unpolled completions out of its CQs, as mlx5 cleans its
 /// CQs when a QP is reset or destroyed (mlx5_cq_clean).
 fn remove_completions(cqs: &mut CqTable, qp: &Qp) {
@@ -281,6 +36,7 @@ fn remove_completions(cqs: &mut CqTable, qp: &Qp) {
     }
 }
 
+/// No more scatter/gather entries than the queue takes.
 fn check_sges(sg_list: &[Sge], max: u32) -> Result<(), VerbError> {
     if sg_list.len() > max as usize {
         return Err(VerbError::TooManySge {
@@ -316,15 +72,11 @@ fn pkey_matches(packet: u16, qp: u16) -> bool {
     a != 0 && a == b && (packet | qp) & 0x8000 != 0
 }
 
-/// The QP numbers handed out: 0 and 1 are the special QPs and 0xFFFFFF
-/// multicast; rdma_rxe starts at 0x11.
-const QPNS: (u32, u32) = (0x11, 0xFF_FFFE);
-
 /// Queue pairs by number. QP numbers are drawn at random ([`Ids`]), so
 /// they are found through a map; the hash spreads a number's bits over
 /// the whole word (hashbrown reads its top bits).
 #[derive(Default)]
-pub(crate) struct QpTable(HashMap<u32, Qp, BuildHasherDefault<IdHasher>>);
+pub(crate) struct QpTable(IdMap<Qp>);
 
 impl QpTable {
     fn get(&self, qpn: u32) -> Option<&Qp> {
@@ -347,73 +99,6 @@ impl QpTable {
     }
 }
 
-/// Hashes a 32-bit identifier by one multiplication (Fibonacci hashing):
-/// the identifiers are random already, and the NIC, not the peer, picks
-/// them.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = u64::from(v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-/// How many packet buffers the NIC keeps for reuse.
-pub const POOL: usize = 256;
-
-/// The room every packet buffer is made with: the largest payload and the
-/// largest headers (BTH, an extended header or two, pad and ICRC come to
-/// under 64 bytes). A buffer reused for any packet never has to grow, so
-/// which packet a recycled buffer served before does not matter.
-pub const PACKET_CAPACITY: usize = rnic_wire::ib::MAX_PAYLOAD + 64;
-
-/// Keep `buf` in `pool` for a later packet: a buffer of the size packets
-/// are built in, while the pool holds fewer than [`POOL`].
-pub(crate) fn keep_buffer(pool: &mut Vec<Vec<u8>>, buf: Vec<u8>) {
-    if pool.len() < POOL && buf.capacity() >= PACKET_CAPACITY {
-        pool.push(buf);
-    }
-}
-
-/// What a NIC holds, object by object: for tests that create and destroy
-/// objects by the hundred thousand and require the NIC to end no larger
-/// than a few cycles in ([`Nic::footprint`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Footprint {
-    /// Live QPs.
-    pub qps: usize,
-    /// CQ table slots (live or free).
-    pub cq_slots: usize,
-    /// SRQ table slots (live or free).
-    pub srq_slots: usize,
-    /// PD table slots (live or free).
-    pub pd_slots: usize,
-    /// Region and window table slots (live or free).
-    pub key_slots: usize,
-    /// Key indices mapped to a slot.
-    pub keys: usize,
-    /// Live regions and windows.
-    pub regions: usize,
-    /// Freed QP numbers and key indices kept out of use (bounded by
-    /// [`crate::rng::QUARANTINE`] each).
-    pub resting_ids: usize,
-    /// Entries in the timer heap.
-    pub timers: usize,
-    /// Packets waiting to be sent, and spare packet buffers.
-    pub packets: usize,
-    /// Async events and QPs waiting for their turn.
-    pub queued: usize,
-}
-
 /// A software RoCE v2 NIC.
 pub struct Nic {
     /// The NIC's addresses (its GIDs), the first its own by default: it
@@ -426,7 +111,7 @@ pub struct Nic {
     tx: crate::txq::TxQueue,
     /// Packet buffers handed back after sending ([`Nic::recycle`]), reused
     /// for the next packets: a steady flow allocates nothing.
-    pool: Vec<Vec<u8>>,
+    pool: BufferPool,
     counters: Counters,
     limits: Limits,
     exec_log: Option<Vec<Execution>>,
@@ -479,7 +164,7 @@ impl Nic {
             qps: QpTable::default(),
             qpns: Ids::new(secret, QPNS.0, QPNS.1),
             tx: crate::txq::TxQueue::default(),
-            pool: Vec::with_capacity(POOL),
+            pool: BufferPool::default(),
             counters: Counters::default(),
             limits: Limits {
                 max_qp_init_rd_atom: DEVICE_ATTR.max_qp_init_rd_atom,
@@ -709,7 +394,7 @@ impl Nic {
     /// selection would pick); any of the family if that is all there is.
     /// `None` if the NIC has no address of that family.
     pub fn source_for(&self, dest: IpAddr) -> Option<IpAddr> {
-        source_for(&self.addrs, dest)
+        qp::source_for(&self.addrs, dest)
     }
 
     /// `av` with its source address checked (one of the NIC's, of the
@@ -1273,7 +958,7 @@ impl Nic {
             max_sge,
             limit: 0,
         };
-        let i = crate::mem::free_slot(&mut self.srqs);
+        let i = free_slot(&mut self.srqs);
         self.srqs[i] = Some(srq);
         Ok(SrqHandle(i as u32))
     }
@@ -1378,9 +1063,10 @@ impl Nic {
     /// convention (see [`rnic_wire::icrc::for_udp`]), in IPv4 for the
     /// identifications a GSO send's segments carry too
     /// ([`rnic_wire::icrc::udp_ident`]); a packet that fails it, or does not
-    /// parse, is dropped and counted.
-    pub fn handle_datagram(&mut self, now: Time, d: &Datagram) {
-        self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload);
+    /// parse, is dropped and counted. Returns what the packet is, if it
+    /// parsed, whatever became of it (see [`crate::datagram`]).
+    pub fn handle_datagram(&mut self, now: Time, d: &Datagram) -> Option<Header> {
+        self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload)
     }
 
     /// Handle a UDP payload from `src` (port `src_port`) to `dst`, in place:
@@ -1393,8 +1079,8 @@ impl Nic {
         dst: IpAddr,
         src_port: u16,
         payload: &[u8],
-    ) {
-        self.settled(|nic| nic.handle_udp_inner(now, src, dst, src_port, payload));
+    ) -> Option<Header> {
+        self.settled(|nic| nic.handle_udp_inner(now, src, dst, src_port, payload))
     }
 
     fn handle_udp_inner(
@@ -1404,11 +1090,12 @@ impl Nic {
         dst: IpAddr,
         src_port: u16,
         payload: &[u8],
-    ) {
+    ) -> Option<Header> {
         let Ok(pkt) = IbPacket::new_checked(payload) else {
             self.counters.malformed += 1;
-            return;
+            return None;
         };
+        let header = Header::of_packet(&pkt);
         let covered = pkt.covered();
         match icrc::udp_ident(
             src,
@@ -1418,13 +1105,10 @@ impl Nic {
             pkt.icrc(),
             &mut self.gso_deltas,
         ) {
-            Ok(Some(_)) => {}
-            _ => {
-                self.counters.icrc_errors += 1;
-                return;
-            }
+            Ok(Some(_)) => self.handle_checked(now, src, dst, &pkt),
+            _ => self.counters.icrc_errors += 1,
         }
-        self.handle_checked(now, src, dst, &pkt);
+        Some(header)
     }
 
     /// A whole frame, as a transport that sees every header receives it
@@ -1434,33 +1118,38 @@ impl Nic {
     /// a new value in every packet, which a UDP socket never shows. A frame
     /// that is not RoCE v2 to this NIC's address (another protocol, UDP
     /// port or destination) is dropped and counted as foreign; a RoCE v2
-    /// frame that does not parse, as malformed.
-    pub fn handle_frame(&mut self, now: Time, link: LinkType, frame: &[u8]) {
-        self.settled(|nic| nic.handle_frame_inner(now, link, frame));
+    /// frame that does not parse, as malformed. Returns its addresses and
+    /// what the packet is, if it parsed as RoCE v2, whatever became of it.
+    pub fn handle_frame(&mut self, now: Time, link: LinkType, frame: &[u8]) -> Option<Arrival> {
+        self.settled(|nic| nic.handle_frame_inner(now, link, frame))
     }
 
-    fn handle_frame_inner(&mut self, now: Time, link: LinkType, frame: &[u8]) {
+    fn handle_frame_inner(&mut self, now: Time, link: LinkType, frame: &[u8]) -> Option<Arrival> {
         let f = match Frame::parse(link, frame) {
             Ok(f) => f,
             Err(e) if e.is_not_roce() => {
                 self.counters.foreign_frames += 1;
-                return;
+                return None;
             }
             Err(_) => {
                 self.counters.malformed += 1;
-                return;
+                return None;
             }
         };
-        let dst = f.ip.dst_addr();
-        if !self.addrs.contains(&dst) {
+        let arrival = Arrival {
+            src: f.ip.src_addr(),
+            dst: f.ip.dst_addr(),
+            src_port: f.udp.src_port,
+            header: Header::of_packet(&f.ib),
+        };
+        if !self.addrs.contains(&arrival.dst) {
             self.counters.foreign_frames += 1;
-            return;
-        }
-        if !f.icrc_ok() {
+        } else if !f.icrc_ok() {
             self.counters.icrc_errors += 1;
-            return;
+        } else {
+            self.handle_checked(now, arrival.src, arrival.dst, &f.ib);
         }
-        self.handle_checked(now, f.ip.src_addr(), dst, &f.ib);
+        Some(arrival)
     }
 
     /// A packet whose ICRC verified, from `src` to `dst`.
@@ -1553,9 +1242,9 @@ impl Nic {
     }
 
     /// Hand back a sent datagram's buffer for the NIC to build a later
-    /// packet in (at most [`POOL`] are kept).
+    /// packet in (at most [`POOL`](crate::pool::POOL) are kept).
     pub fn recycle(&mut self, buf: Vec<u8>) {
-        keep_buffer(&mut self.pool, buf);
+        self.pool.keep(buf);
     }
 
     /// How many datagrams [`Nic::poll_transmit`] has ready, or `None` while
@@ -1617,26 +1306,6 @@ impl Nic {
         true
     }
 
-    /// QP `qpn`'s oldest unacknowledged PSN and how many PSNs are
-    /// outstanding (for the fuzzer, to forge responses a requester takes).
-    pub(crate) fn send_window(&self, qpn: u32) -> Option<(Psn, u32)> {
-        self.qps
-            .get(qpn)
-            .map(|qp| (qp.una, qp.max_sent.forward_from(qp.una)))
-    }
-
-    /// The PSN QP `qpn`'s responder expects next (for the fuzzer, to forge
-    /// requests it takes).
-    pub(crate) fn recv_psn(&self, qpn: u32) -> Option<Psn> {
-        self.qps.get(qpn).map(|qp| qp.epsn)
-    }
-
-    /// How many send work requests QP `qpn` holds (for the fuzzer, to see
-    /// that a requester whose peer fell silent drains its queue).
-    pub(crate) fn send_queue_len(&self, qpn: u32) -> Option<usize> {
-        self.qps.get(qpn).map(|qp| qp.sq.len())
-    }
-
     /// Make the front of the timers exact: pop entries whose QP is gone,
     /// has no deadline, or holds another entry, and move one that is early
     /// to its QP's deadline.
@@ -1678,17 +1347,28 @@ impl Nic {
     }
 }
 
-/// The address of `addrs` to reach `dest` from ([`Nic::source_for`]).
-pub(crate) fn source_for(addrs: &[IpAddr], dest: IpAddr) -> Option<IpAddr> {
-    let family = |a: &&IpAddr| a.is_ipv4() == dest.is_ipv4();
-    let scope = |a: &&IpAddr| link_local(**a) == link_local(dest);
-    let mut same = addrs.iter().filter(family);
-    same.clone().find(scope).or_else(|| same.next()).copied()
-}
+/// What the fuzz targets' harnesses read of a QP, to forge packets it takes.
+#[cfg(feature = "fuzz")]
+impl Nic {
+    /// QP `qpn`'s oldest unacknowledged PSN and how many PSNs are
+    /// outstanding (for the fuzzer, to forge responses a requester takes).
+    pub(crate) fn send_window(&self, qpn: u32) -> Option<(Psn, u32)> {
+        self.qps
+            .get(qpn)
+            .map(|qp| (qp.una, qp.max_sent.forward_from(qp.una)))
+    }
 
-/// An IPv6 link-local address (fe80::/10).
-fn link_local(a: IpAddr) -> bool {
-    matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xFFC0 == 0xFE80)
+    /// The PSN QP `qpn`'s responder expects next (for the fuzzer, to forge
+    /// requests it takes).
+    pub(crate) fn recv_psn(&self, qpn: u32) -> Option<Psn> {
+        self.qps.get(qpn).map(|qp| qp.epsn)
+    }
+
+    /// How many send work requests QP `qpn` holds (for the fuzzer, to see
+    /// that a requester whose peer fell silent drains its queue).
+    pub(crate) fn send_queue_len(&self, qpn: u32) -> Option<usize> {
+        self.qps.get(qpn).map(|qp| qp.sq.len())
+    }
 }
 
 #[cfg(test)]

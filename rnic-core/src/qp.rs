@@ -231,6 +231,20 @@ pub struct AddressVector {
     pub flow_label: u32,
 }
 
+/// The address of `addrs` to reach `dest` from ([`crate::Nic::source_for`]):
+/// one of its family, in its scope (link-local or not) if there is one.
+pub(crate) fn source_for(addrs: &[IpAddr], dest: IpAddr) -> Option<IpAddr> {
+    let family = |a: &&IpAddr| a.is_ipv4() == dest.is_ipv4();
+    let scope = |a: &&IpAddr| link_local(**a) == link_local(dest);
+    let mut same = addrs.iter().filter(family);
+    same.clone().find(scope).or_else(|| same.next()).copied()
+}
+
+/// An IPv6 link-local address (fe80::/10).
+fn link_local(a: IpAddr) -> bool {
+    matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xFFC0 == 0xFE80)
+}
+
 /// The values `ibv_modify_qp` can set; which of them count is said by an
 /// [`AttrMask`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,14 +7,37 @@ use std::collections::VecDeque;
 use rnic_wire::{aeth, bth, icrc, IbRepr, Psn};
 use smallvec::SmallVec;
 
+use crate::counters::Counters;
 use crate::cq::{CqHandle, CqTable};
+use crate::datagram::{Datagram, Header};
 use crate::mem::{Access, MemError, Memory, PdHandle};
-use crate::nic::Counters;
+use crate::pool::BufferPool;
 use crate::qp::{QpAttr, QpState, QpType};
-use crate::sim::Datagram;
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::time::Time;
 use crate::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+
+/// Transport mechanisms that can be switched off, to watch what breaks without
+/// them (in the simulator: a property test shows the invariant they protect
+/// failing). All are on by default; never switch them off on a real network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mechanisms {
+    /// The responder recognises requests older than the expected PSN as
+    /// duplicates. Off, it executes them again.
+    pub duplicate_detection: bool,
+    /// The responder answers a duplicate atomic from its replay cache. Off, it
+    /// executes the atomic again.
+    pub atomic_replay_cache: bool,
+}
+
+impl Default for Mechanisms {
+    fn default() -> Mechanisms {
+        Mechanisms {
+            duplicate_detection: true,
+            atomic_replay_cache: true,
+        }
+    }
+}
 
 /// What a QP needs from the NIC while it handles an event.
 pub(crate) struct Ctx<'a> {
@@ -26,7 +49,7 @@ pub(crate) struct Ctx<'a> {
     pub tx: &'a mut crate::txq::TxQueue,
     pub counters: &'a mut Counters,
     pub exec_log: &'a mut Option<Vec<Execution>>,
-    pub mechanisms: crate::nic::Mechanisms,
+    pub mechanisms: Mechanisms,
     pub src_port: Option<u16>,
     pub srqs: &'a mut Vec<Option<Srq>>,
     pub events: &'a mut VecDeque<AsyncEvent>,
@@ -36,7 +59,7 @@ pub(crate) struct Ctx<'a> {
     /// CQs that overran during this event; the NIC moves their QPs to error.
     pub overrun_cqs: &'a mut Vec<CqHandle>,
     /// Buffers to build packets in ([`crate::Nic::recycle`]).
-    pub pool: &'a mut Vec<Vec<u8>>,
+    pub pool: &'a mut BufferPool,
     /// Packets every QP together has unacknowledged, the sum of
     /// [`Qp::counted`]: at most [`NIC_INFLIGHT_PKTS`] leaves room to send.
     pub inflight: &'a mut u32,
@@ -68,7 +91,7 @@ impl Ctx<'_> {
             return false;
         };
         self.counters.sent_pkts -= 1;
-        crate::nic::keep_buffer(self.pool, buf);
+        self.pool.keep(buf);
         true
     }
 
@@ -684,10 +707,7 @@ impl Qp {
         fill: impl FnOnce(&Memory, &mut [u8]) -> Result<(), E>,
     ) -> Result<Option<Datagram>, E> {
         let need = ib.buffer_len();
-        let mut buf = ctx
-            .pool
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(crate::nic::PACKET_CAPACITY));
+        let mut buf = ctx.pool.take();
         // A recycled buffer keeps its length: every byte of the packet is
         // written below (headers, the payload by `fill`, pad and ICRC), so
         // only what it grows by needs zeroing first.
@@ -703,7 +723,7 @@ impl Qp {
             return Ok(None);
         }
         if let Err(e) = filled {
-            crate::nic::keep_buffer(ctx.pool, buf);
+            ctx.pool.keep(buf);
             return Err(e);
         }
         let src_port = self.src_port.or(ctx.src_port).unwrap_or_else(|| {
@@ -722,6 +742,7 @@ impl Qp {
             dst: dest,
             src_port,
             payload: buf,
+            header: Some(Header::of(ib)),
         }))
     }
 

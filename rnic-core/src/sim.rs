@@ -16,21 +16,9 @@ use std::time::Duration;
 use rnic_wire::pcap::PcapWriter;
 use rnic_wire::IbPacket;
 
+use crate::datagram::Datagram;
 use crate::rng::Rng;
 use crate::time::Time;
-
-/// A UDP datagram to port 4791.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Datagram {
-    /// Sender.
-    pub src: IpAddr,
-    /// Receiver.
-    pub dst: IpAddr,
-    /// UDP source port.
-    pub src_port: u16,
-    /// The UDP payload: an IB transport packet, BTH through ICRC.
-    pub payload: Vec<u8>,
-}
 
 /// How a link (one direction between two addresses) treats datagrams.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -560,12 +548,7 @@ mod tests {
         ib.payload_len = 8;
         let mut buf = vec![0u8; ib.buffer_len()];
         ib.emit(&mut buf, &[7; 8]).unwrap();
-        Datagram {
-            src: A,
-            dst: B,
-            src_port: 0xC000,
-            payload: buf,
-        }
+        Datagram::new(A, B, 0xC000, buf)
     }
 
     /// Send `n` packets 1 us apart, then drain; returns the PSNs in arrival order.

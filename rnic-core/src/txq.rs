@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 
-use crate::sim::Datagram;
+use crate::datagram::Datagram;
 
 /// The transmit queue (see the module's documentation).
 #[derive(Debug, Default)]
@@ -72,12 +72,7 @@ mod tests {
 
     fn d(tag: u8) -> Datagram {
         let a = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        Datagram {
-            src: a,
-            dst: a,
-            src_port: 4791,
-            payload: vec![tag],
-        }
+        Datagram::new(a, a, 4791, vec![tag])
     }
 
     fn tags(q: &TxQueue) -> Vec<u8> {

@@ -27,7 +27,7 @@ impl Qp {
         let src = match to.src {
             Some(s) if ctx.addrs.contains(&s) && s.is_ipv4() == to.dest.is_ipv4() => Some(s),
             Some(_) => None,
-            None => crate::nic::source_for(ctx.addrs, to.dest),
+            None => crate::qp::source_for(ctx.addrs, to.dest),
         };
         let status = match src {
             _ if len > MAX_PAYLOAD => WcStatus::LocLenErr,

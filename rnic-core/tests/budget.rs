@@ -129,7 +129,7 @@ fn when_the_budget_is_spent_a_packet_on_the_way_asks_for_an_ack() {
         }
     }
     assert_eq!(sent.len(), BUDGET, "the budget leaves, no more");
-    let bth = |d: &rnic_core::sim::Datagram| {
+    let bth = |d: &rnic_core::Datagram| {
         let p = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
         rnic_wire::IbRepr::parse(&p).unwrap().bth
     };

@@ -9,11 +9,11 @@ use rnic_core::cq::CqHandle;
 use rnic_core::mem::MwBind;
 use rnic_core::mem::{Access, MrKeys, PdHandle};
 use rnic_core::qp::{AddressVector, Mtu, QpAttr, QpType};
-use rnic_core::sim::Datagram;
 use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
 pub use rnic_core::wr::{sg_list, SgList};
 use rnic_core::wr::{Completion, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use rnic_core::Datagram;
 use rnic_core::QpCaps;
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{icrc, Frame, IbRepr, LinkType, Opcode, Psn};
@@ -311,12 +311,7 @@ pub fn craft_raw(
     let n = buf.len();
     let crc = icrc::for_udp(src, dst, 0xC000, &buf[..n - 4]).unwrap();
     buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
-    Datagram {
-        src,
-        dst,
-        src_port: 0xC000,
-        payload: buf,
-    }
+    Datagram::new(src, dst, 0xC000, buf)
 }
 
 /// Everything `nic` has to send now.

@@ -9,8 +9,8 @@
 mod common;
 
 use common::*;
-use rnic_core::sim::Datagram;
 use rnic_core::wr::{SendOp, WcStatus};
+use rnic_core::Datagram;
 use rnic_wire::aeth::{self, Syndrome};
 use rnic_wire::{bth, IbPacket, IbRepr, Opcode, Psn};
 

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use rnic_core::qp::{AttrMask, QpState};
-use rnic_core::sim::{Datagram, DropRule};
+use rnic_core::sim::DropRule;
 use rnic_core::time::Time;
 use rnic_core::wr::{InlineData, SendOp, SendWr, WcStatus};
+use rnic_core::Datagram;
 use rnic_wire::aeth::{self, NakCode, Syndrome};
 use rnic_wire::{bth, deth, reth, xrceth, IbPacket, IbRepr, Opcode};
 

@@ -10,7 +10,7 @@ use rnic_core::sim::LinkConfig;
 use rnic_core::wr::{InlineData, SendOp, WcOpcode, WcStatus};
 
 /// A datagram's opcode and PSN.
-fn sent(d: &rnic_core::sim::Datagram) -> (rnic_wire::Opcode, u32) {
+fn sent(d: &rnic_core::Datagram) -> (rnic_wire::Opcode, u32) {
     (opcode(d), psn_of(d))
 }
 

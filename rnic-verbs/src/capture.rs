@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rnic_core::sim::{frame_of_ident, Datagram};
+use rnic_core::sim::frame_of_ident;
+use rnic_core::Datagram;
 use rnic_wire::pcap::PcapWriter;
 
 type Writer = Arc<Mutex<PcapWriter<BufWriter<std::fs::File>>>>;

@@ -30,12 +30,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 use rnic_core::cq::CqHandle;
-use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
+use rnic_core::Datagram;
 use rnic_core::Nic;
-use rnic_wire::aeth::Syndrome;
 use rnic_wire::encap::LinkType;
-use rnic_wire::icrc::{IdDeltas, ICRC_LEN};
+use rnic_wire::icrc::IdDeltas;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_recv_buffer_size, set_socket_recv_buffer_size_force,
@@ -468,47 +467,38 @@ impl EngineState {
             };
             for payload in packets {
                 got.packets += 1;
-                if payload
-                    .first()
-                    .and_then(|&op| rnic_wire::Opcode(op).info())
-                    .is_some_and(|i| i.ends_without_responder_completion())
-                {
+                // What the NIC read of the packet, and the addresses it
+                // carried (a frame's own).
+                let (header, addrs) = match source {
+                    Source::Udp(from) => (
+                        self.nic
+                            .handle_udp(now, from.ip(), dst, from.port(), payload),
+                        Some((from.ip(), dst, from.port())),
+                    ),
+                    Source::Frame(frame) => {
+                        match self.nic.handle_frame(now, LinkType::RawIp, frame) {
+                            Some(a) => (Some(a.header), Some((a.src, a.dst, a.src_port))),
+                            None => (None, None),
+                        }
+                    }
+                };
+                if header.is_some_and(|h| h.ends_without_responder_completion()) {
                     got.unpolled += 1;
                 }
-                // The BTH's destination QP (bytes 5-7): the local QP.
-                let span = match payload.get(5..8) {
-                    Some(q) if !self.qp_spans.is_empty() => {
-                        self.qp_span(u32::from_be_bytes([0, q[0], q[1], q[2]]))
-                    }
-                    _ => tracing::Span::none(),
-                };
-                let _in_qp = span.enter();
-                if self.observed() {
-                    // The addresses as the packet carried them.
-                    let addrs = match source {
-                        Source::Udp(from) => Some((from.ip(), dst, from.port())),
-                        Source::Frame(frame) => {
-                            rnic_wire::encap::Frame::parse(LinkType::RawIp, frame)
-                                .ok()
-                                .map(|f| (f.ip.src_addr(), f.ip.dst_addr(), f.udp.src_port))
-                        }
+                if let Some((src, dst, src_port)) = addrs.filter(|_| self.observed()) {
+                    let span = match header {
+                        Some(h) if !self.qp_spans.is_empty() => self.qp_span(h.dest_qp),
+                        _ => tracing::Span::none(),
                     };
-                    if let Some((src, dst, src_port)) = addrs {
-                        let d = Datagram {
-                            src,
-                            dst,
-                            src_port,
-                            payload: payload.to_vec(),
-                        };
-                        self.observe(false, now, &d);
-                    }
-                }
-                match source {
-                    Source::Udp(from) => {
-                        self.nic
-                            .handle_udp(now, from.ip(), dst, from.port(), payload);
-                    }
-                    Source::Frame(frame) => self.nic.handle_frame(now, LinkType::RawIp, frame),
+                    let _in_qp = span.enter();
+                    let d = Datagram {
+                        src,
+                        dst,
+                        src_port,
+                        payload: payload.to_vec(),
+                        header,
+                    };
+                    self.observe(false, now, &d);
                 }
             }
         }
@@ -533,7 +523,7 @@ impl EngineState {
     fn only_acks_queued(&self) -> bool {
         self.may_hold()
             && self.nic.queued_datagrams() != Some(0)
-            && self.nic.queued().all(is_plain_ack)
+            && self.nic.queued().all(Datagram::is_plain_ack)
     }
 
     /// Hold the queued ACKs for the program's answer: its next post that
@@ -722,20 +712,19 @@ impl EngineState {
     /// trace log, if any.
     fn observe(&self, sent: bool, now: Time, d: &Datagram) {
         if tracing::enabled!(tracing::Level::TRACE) {
-            match rnic_wire::IbPacket::new_checked(&d.payload[..]) {
-                Ok(p) => tracing::trace!(
-                    dir = if sent { "tx" } else { "rx" },
+            let dir = if sent { "tx" } else { "rx" };
+            match d.header {
+                Some(h) => tracing::trace!(
+                    dir,
                     src = %d.src,
                     dst = %d.dst,
-                    opcode = p.info().name,
-                    dest_qp = format_args!("{:#x}", p.bth().dest_qp()),
-                    psn = p.bth().psn().value(),
+                    opcode = h.name(),
+                    dest_qp = format_args!("{:#x}", h.dest_qp),
+                    psn = h.psn.value(),
                     bytes = d.payload.len(),
                     "packet"
                 ),
-                Err(e) => {
-                    tracing::trace!(dir = if sent { "tx" } else { "rx" }, src = %d.src, error = %e, "unparsable packet")
-                }
+                None => tracing::trace!(dir, src = %d.src, "unparsable packet"),
             }
         }
         if let Some(tap) = &self.tap {
@@ -1095,34 +1084,11 @@ fn segment(run: &mut [Datagram], groups: &mut Vec<usize>, cache: &mut Option<IdD
             (SocketAddr::new(rest[i].dst, 0), rest[i].payload.len())
         });
         groups.push(n);
-        if n > 1 && rest[0].dst.is_ipv4() {
-            for (k, d) in rest[..n].iter_mut().enumerate().skip(1) {
-                let len = d.payload.len();
-                let ib_len = len - ICRC_LEN;
-                let deltas = match cache {
-                    Some(c) if c.ib_len() == ib_len => *c,
-                    _ => *cache.insert(IdDeltas::new(ib_len)),
-                };
-                let delta = deltas.get(k as u16).to_le_bytes();
-                for (b, x) in d.payload[len - rnic_wire::icrc::ICRC_LEN..]
-                    .iter_mut()
-                    .zip(delta)
-                {
-                    *b ^= x;
-                }
-            }
+        for (k, d) in rest[..n].iter_mut().enumerate().skip(1) {
+            d.set_ipv4_id(k as u16, cache);
         }
         at += n;
     }
-}
-
-/// Whether `d` is a plain RC ACK: an ACKNOWLEDGE whose syndrome is ACK,
-/// not a NAK.
-fn is_plain_ack(d: &Datagram) -> bool {
-    d.payload.first() == Some(&rnic_wire::opcode::Opcode::RC_ACKNOWLEDGE.0)
-        && d.payload
-            .get(rnic_wire::bth::HEADER_LEN)
-            .is_some_and(|&b| matches!(Syndrome::from_byte(b), Syndrome::Ack { .. }))
 }
 
 /// Move plain ACKs behind the other datagrams of a batch about to leave in
@@ -1139,12 +1105,12 @@ fn acks_last(tx: &mut [Datagram]) {
     let mut ack_before_other = false;
     let mut seen_ack = false;
     for d in tx.iter() {
-        let ack = is_plain_ack(d);
+        let ack = d.is_plain_ack();
         ack_before_other |= seen_ack && !ack;
         seen_ack |= ack;
     }
     if ack_before_other {
-        tx.sort_by_key(is_plain_ack); // stable: false (the others) first
+        tx.sort_by_key(Datagram::is_plain_ack); // stable: false (the others) first
     }
 }
 
@@ -2099,12 +2065,7 @@ mod tests {
             let mut payload = vec![tag; len];
             payload[0] = opcode;
             payload[rnic_wire::bth::HEADER_LEN] = syndrome;
-            Datagram {
-                src: from,
-                dst: to,
-                src_port: 49152,
-                payload,
-            }
+            Datagram::new(from, to, 49152, payload)
         };
         let ack = |tag| datagram(0x11, 0x1F, 20, tag);
         let nak = |tag| datagram(0x11, 0x60, 20, tag); // PSN sequence error

@@ -18,8 +18,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use rnic_core::rng::Rng;
-use rnic_core::sim::Datagram;
 use rnic_core::time::Time;
+use rnic_core::Datagram;
 
 /// How long a reordered datagram is held beyond the delay.
 pub const REORDER_HOLD: Duration = Duration::from_micros(200);
@@ -272,12 +272,7 @@ mod tests {
 
     fn datagram(k: u8) -> Datagram {
         let nowhere = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
-        Datagram {
-            src: nowhere,
-            dst: nowhere,
-            src_port: 0,
-            payload: vec![k; 64],
-        }
+        Datagram::new(nowhere, nowhere, 0, vec![k; 64])
     }
 
     /// 10,000 datagrams, 1 us apart, through an impairment of `cfg`.

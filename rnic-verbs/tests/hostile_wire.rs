@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rnic_core::rng::Rng;
-use rnic_core::sim::{frame_of, Datagram};
+use rnic_core::sim::frame_of;
+use rnic_core::Datagram;
 use rnic_verbs::*;
 use rnic_wire::{aeth, atomic_eth, bth, icrc, reth, IbRepr, Opcode, Psn};
 
@@ -139,12 +140,7 @@ fn forge(src: IpAddr, dst: IpAddr, ib: &IbRepr, payload: &[u8]) -> Datagram {
     let port = 0xC123;
     let crc = icrc::for_udp(src, dst, port, &buf[..n - 4]).unwrap();
     buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
-    Datagram {
-        src,
-        dst,
-        src_port: port,
-        payload: buf,
-    }
+    Datagram::new(src, dst, port, buf)
 }
 
 fn write_only(op: Opcode, qpn: u32, psn: Psn, va: u64, rkey: u32, len: usize) -> IbRepr {

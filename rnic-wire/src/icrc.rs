@@ -322,6 +322,16 @@ impl IdDeltas {
         self.ib_len
     }
 
+    /// The deltas for IB parts of `ib_len` bytes, from `cache` if they are
+    /// the ones it holds, else made and kept there: the segments of one GSO
+    /// send, and most packets of a stream, share one length.
+    pub fn cached(cache: &mut Option<IdDeltas>, ib_len: usize) -> IdDeltas {
+        match cache {
+            Some(d) if d.ib_len == ib_len => *d,
+            _ => *cache.insert(IdDeltas::new(ib_len)),
+        }
+    }
+
     /// The delta for identification `id`.
     pub fn get(&self, id: u16) -> u32 {
         if id < UDP_GSO_IDS {
@@ -377,11 +387,25 @@ pub fn udp_ident(
     if !src.is_ipv4() {
         return Ok(None);
     }
-    let d = match deltas {
-        Some(d) if d.ib_len == ib.len() => *d,
-        _ => *deltas.insert(IdDeltas::new(ib.len())),
-    };
-    Ok(d.find(expected ^ icrc))
+    Ok(IdDeltas::cached(deltas, ib.len()).find(expected ^ icrc))
+}
+
+/// Make the ICRC of `packet` (a RoCE v2 packet in IPv4, BTH through ICRC),
+/// computed for IPv4 identification 0 as [`for_udp`] computes it, the ICRC
+/// for identification `id`: what segment `id` of a UDP GSO send must carry
+/// (see [`ipv4_id_delta`]). `deltas` caches the work for one length between
+/// calls. An error if `packet` is too short to hold an ICRC.
+pub fn set_ipv4_id(packet: &mut [u8], id: u16, deltas: &mut Option<IdDeltas>) -> Result<()> {
+    let ib_len = packet.len().checked_sub(ICRC_LEN).ok_or(Error::truncated(
+        Layer::Icrc,
+        ICRC_LEN,
+        packet.len(),
+    ))?;
+    let delta = IdDeltas::cached(deltas, ib_len).get(id).to_le_bytes();
+    for (b, x) in packet[ib_len..].iter_mut().zip(delta) {
+        *b ^= x;
+    }
+    Ok(())
 }
 
 /// Split an IP packet (IP header through ICRC) into IP header, UDP header, and
@@ -542,6 +566,36 @@ mod tests {
             udp_ident(src, dst, 0xc121, ib, 0x81d5_f152, &mut cache).unwrap(),
             None
         );
+    }
+
+    /// A packet whose ICRC was made for identification 0, renumbered to
+    /// rdma_rxe's 0x49b1, carries the ICRC rdma_rxe put on the wire; the
+    /// cache serves a second packet of the same length.
+    #[test]
+    fn renumbering_a_packet_gives_the_icrc_of_its_new_identification() {
+        let pkt = hex(ACK);
+        let (ib, wire_icrc) = pkt[28..].split_at(pkt.len() - 28 - ICRC_LEN);
+        let src = IpAddr::from([10, 77, 0, 2]);
+        let dst = IpAddr::from([10, 77, 0, 1]);
+        let mut packet = ib.to_vec();
+        let at_0 = for_udp(src, dst, 0xc121, ib).unwrap();
+        packet.extend_from_slice(&at_0.to_le_bytes());
+        let mut cache = None;
+        let mut again = packet.clone();
+        set_ipv4_id(&mut packet, 0x49b1, &mut cache).unwrap();
+        assert_eq!(&packet[ib.len()..], wire_icrc);
+        assert_eq!(cache.map(|c| c.ib_len()), Some(ib.len()));
+        set_ipv4_id(&mut again, 0x49b1, &mut cache).unwrap();
+        assert_eq!(again, packet);
+        let mut first = ib.to_vec();
+        first.extend_from_slice(&at_0.to_le_bytes());
+        set_ipv4_id(&mut first, 0, &mut cache).unwrap();
+        assert_eq!(
+            &first[ib.len()..],
+            &at_0.to_le_bytes(),
+            "identification 0 changes nothing"
+        );
+        assert!(set_ipv4_id(&mut [0; 3], 1, &mut cache).is_err());
     }
 
     proptest::proptest! {

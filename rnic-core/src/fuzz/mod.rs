@@ -65,26 +65,21 @@ fn datagram(
     port: u16,
     mut p: Vec<u8>,
     bad: bool,
-) -> crate::sim::Datagram {
+) -> crate::Datagram {
     let crc = rnic_wire::icrc::for_udp(from, to, port, &p).unwrap_or(0);
     p.extend_from_slice(&(crc ^ u32::from(bad)).to_le_bytes());
-    crate::sim::Datagram {
-        src: from,
-        dst: to,
-        src_port: port,
-        payload: p,
-    }
+    crate::Datagram::new(from, to, port, p)
 }
 
 /// Panics unless a datagram a NIC sent parses, carries exactly its
 /// opcode's headers and has a correct ICRC.
-fn assert_well_formed(d: &crate::sim::Datagram) {
+fn assert_well_formed(d: &crate::Datagram) {
     if let Err(why) = well_formed(d) {
         panic!("the NIC sent a bad packet ({why}): {d:?}");
     }
 }
 
-fn well_formed(d: &crate::sim::Datagram) -> Result<(), &'static str> {
+fn well_formed(d: &crate::Datagram) -> Result<(), &'static str> {
     use rnic_wire::ib::{IbPacket, IbRepr};
     let pkt = IbPacket::new_checked(&d.payload[..]).map_err(|_| "does not parse")?;
     let crc =

@@ -22,9 +22,9 @@ use rnic_wire::icrc;
 use crate::cq::CqHandle;
 use crate::mem::Access;
 use crate::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
-use crate::sim::Datagram;
 use crate::time::Time;
 use crate::wr::{sg_list, InlineData, RecvWr, SendOp, SendWr, Sge, UdDest};
+use crate::Datagram;
 use crate::{Nic, QpCaps};
 
 use super::{Input, MTUS};
@@ -130,12 +130,7 @@ fn forge(input: &mut Input<'_>, from: IpAddr, to: &Side) -> Datagram {
     if let Ok(crc) = icrc::for_udp(from, to.addr, port, &p[..n - 4]) {
         p[n - 4..].copy_from_slice(&crc.to_le_bytes());
     }
-    Datagram {
-        src: from,
-        dst: to.addr,
-        src_port: port,
-        payload: p,
-    }
+    Datagram::new(from, to.addr, port, p)
 }
 
 /// A send work request: `kind` picks the operation (`kind % 10`) and its
