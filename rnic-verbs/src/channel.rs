@@ -8,7 +8,7 @@
 //! for the channel and makes its descriptor readable, and
 //! [`CompletionChannel::get_cq_event`] takes the event. The descriptor stays
 //! readable while events are waiting; a spurious readiness is possible (the
-//! call then returns [`Error::Timeout`](crate::Error::Timeout) for a zero
+//! call then returns [`Error::Timeout`] for a zero
 //! timeout), as with any level-triggered descriptor.
 
 use std::io;

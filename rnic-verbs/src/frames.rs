@@ -428,7 +428,7 @@ pub(crate) fn open(
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    crate::engine::ask_recv_buffer(fd.as_fd());
+    crate::udp::ask_recv_buffer(fd.as_fd());
     Ok(fd)
 }
 

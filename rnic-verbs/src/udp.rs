@@ -16,8 +16,23 @@ use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use rustix::net::sockopt::{set_socket_recv_buffer_size, set_socket_recv_buffer_size_force};
+
 /// Datagrams per system call.
 pub const BATCH: usize = 32;
+
+/// Socket buffer size asked for, each way.
+pub(crate) const SOCKET_BUFFER: usize = 4 << 20;
+
+/// A requester may have 1024 packets in flight; the default receive buffer
+/// (about 200 KiB) drops a burst of them, and each tail loss costs a local
+/// ACK timeout. Ask for 4 MiB on `fd` (beyond net.core.rmem_max only as
+/// root), and settle for what the kernel grants.
+pub(crate) fn ask_recv_buffer(fd: BorrowedFd<'_>) {
+    if set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER).is_err() {
+        let _ = set_socket_recv_buffer_size(fd, SOCKET_BUFFER);
+    }
+}
 
 /// Bytes per receive slot: a 4096-byte PMTU packet with every header fits; a
 /// larger datagram is truncated and reported as such.
@@ -627,7 +642,7 @@ mod tests {
             let s = UdpSocket::from(fd);
             s.set_nonblocking(true).unwrap();
             // Room for all 257 test datagrams at once.
-            crate::engine::ask_recv_buffer(s.as_fd());
+            ask_recv_buffer(s.as_fd());
             s
         };
         let first = open(at);

@@ -161,7 +161,7 @@ impl Linger {
     /// polled or posted last at `last_active`: while threads poll or post
     /// (they may take packets in), it never lingers.
     pub fn idle(&mut self, now: u64, window: u64, last_active: Option<u64>) -> Idle {
-        let may = !crate::watch::Watch::pollers_about(now, last_active);
+        let may = !super::watch::Watch::pollers_about(now, last_active);
         let from = *self.idle_from.get_or_insert(now);
         let within = now.saturating_sub(from) < window;
         if may && within && !self.judged && self.score >= Self::ON {
@@ -224,7 +224,7 @@ pub const FOLLOW_EVERY: u64 = 10_000_000;
 /// program's core (ns).
 pub const FOLLOW_RELEASE: u64 = 100_000_000;
 /// A thread that polled or posted this recently is running (ns).
-const FOLLOW_ACTIVE: u64 = crate::watch::POLLER_ACTIVE;
+const FOLLOW_ACTIVE: u64 = super::watch::POLLER_ACTIVE;
 
 /// The core the calling thread runs on (glibc reads it from the thread's
 /// restartable-sequence area: no system call).

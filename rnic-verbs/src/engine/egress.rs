@@ -1,0 +1,209 @@
+//! What leaves: the datagrams the NIC built, shaped for the kernel's UDP
+//! sockets. A pump has the NIC build a paced amount, lets an impairment
+//! have its way with them, sends each run from one address and source port
+//! out of the socket bound there, as UDP GSO sends where the kernel takes
+//! them (each segment's ICRC made for the IPv4 identification the kernel
+//! gives it), and plain ACKs last.
+
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+
+use rnic_core::Datagram;
+use rnic_wire::icrc::IdDeltas;
+
+use super::state::EngineState;
+use super::ROCE_PORT;
+
+/// Bursts of packets one pump has the NIC build at most
+/// ([`rnic_core::Nic::generate_burst`]: a QP's READ responses and requests).
+const PUMP_BURSTS: usize = 4;
+
+impl EngineState {
+    /// After anything that may have produced packets, completions or events:
+    /// send the packets, deliver the rest.
+    ///
+    /// What the NIC builds is paced: a pump has it build at most
+    /// [`PUMP_BURSTS`] bursts of READ responses and requests, and the
+    /// engine comes back for the rest after taking in what arrived (the
+    /// engine thread, or while it leaves the socket to polling threads,
+    /// their next poll), so a READ of 64 MiB does not hold up the ACKs and
+    /// requests of every other connection while it is answered.
+    pub(super) fn pump(&mut self, socket: &UdpSocket) {
+        let now = self.now();
+        self.hold.release(now);
+        let mut bursts = 0;
+        loop {
+            let mut tx = std::mem::take(&mut self.tx);
+            tx.clear();
+            while tx.len() < crate::udp::BATCH {
+                match self.nic.poll_built() {
+                    Some(d) => tx.push(d),
+                    None if bursts < PUMP_BURSTS && self.nic.generate_burst() => bursts += 1,
+                    None => break,
+                }
+            }
+            acks_last(&mut tx);
+            if let Some(imp) = &mut self.impair {
+                // What was held and is due leaves first, then what the NIC
+                // sent now, as the impairment decides.
+                let mut out = Vec::with_capacity(tx.len());
+                let mut spent = Vec::new();
+                imp.release(now, &mut out);
+                for d in tx.drain(..) {
+                    imp.offer(now, d, &mut out, &mut spent);
+                }
+                for b in spent {
+                    self.nic.recycle(b);
+                }
+                tx = out;
+            }
+            if tx.is_empty() {
+                self.tx = tx;
+                break;
+            }
+            // Each run of datagrams from one address and source port goes
+            // out of the socket bound to them (the ICRC covers both).
+            let own = self.nic.addr();
+            let mut at = 0;
+            while let Some(first) = tx.get(at) {
+                let source = (first.src, first.src_port);
+                let run = tx[at..]
+                    .iter()
+                    .take_while(|d| (d.src, d.src_port) == source)
+                    .count();
+                if self.gso {
+                    segment(
+                        &mut tx[at..at + run],
+                        &mut self.groups,
+                        &mut self.gso_deltas,
+                    );
+                }
+                // As they leave: with the ICRC each segment carries.
+                for d in &tx[at..at + run] {
+                    self.observe(true, now, d);
+                }
+                let rest = &tx[at..];
+                at += run;
+                let from = self
+                    .send_sockets
+                    .get(&source)
+                    .or((source.0 == own).then_some(socket));
+                // Datagrams the socket buffer refused are lost, as on a
+                // full link (and there is a socket for every address and
+                // port the NIC sends from).
+                if let Some(from) = from {
+                    if self.gso {
+                        let refused = crate::udp::send_groups(from.as_fd(), &self.groups, |j| {
+                            let to = rest[j].dst;
+                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                        })
+                        .is_ok_and(|s| s.gso_refused);
+                        if refused {
+                            tracing::info!("the kernel refused a UDP GSO send: one datagram per message from now on");
+                            self.gso = false;
+                        }
+                    } else {
+                        let _ = crate::udp::send(from.as_fd(), run, |j| {
+                            let to = rest[j].dst;
+                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                        });
+                    }
+                }
+            }
+            for d in tx.drain(..) {
+                self.nic.recycle(d.payload);
+            }
+            self.tx = tx;
+        }
+        self.deliver();
+    }
+}
+
+/// Cut `run`, datagrams from one address and port, into the messages of
+/// UDP GSO sends (`groups`: datagrams per message, see
+/// [`crate::udp::gso_run`]), and make each IPv4 segment's ICRC the one for
+/// the identification the kernel will give it: its index in its message
+/// ([`rnic_wire::icrc::ipv4_id_delta`]; IPv6 has no identification).
+fn segment(run: &mut [Datagram], groups: &mut Vec<usize>, cache: &mut Option<IdDeltas>) {
+    groups.clear();
+    let mut at = 0;
+    while at < run.len() {
+        let rest = &mut run[at..];
+        let n = crate::udp::gso_run(rest.len(), |i| {
+            (SocketAddr::new(rest[i].dst, 0), rest[i].payload.len())
+        });
+        groups.push(n);
+        for (k, d) in rest[..n].iter_mut().enumerate().skip(1) {
+            d.set_ipv4_id(k as u16, cache);
+        }
+        at += n;
+    }
+}
+
+/// Move plain ACKs behind the other datagrams of a batch about to leave in
+/// one system call, each kind in its order. Between a connection's data
+/// packets an ACK would cut a GSO send in two; after it, it ends one: the
+/// ACK a ping-pong's answer follows leaves in the answer's send, one
+/// datagram through the stack instead of two. Without GSO the answer
+/// still arrives first, so the peer, polling for that ACK, has taken the
+/// answer in when the ACK hands it its completion. Nothing is lost by it: the
+/// ACK leaves in the same system call, a later ACK of the same QP carries
+/// everything an earlier one did, and a READ response it now follows
+/// acknowledges what came before it too. NAKs keep their place.
+fn acks_last(tx: &mut [Datagram]) {
+    let mut ack_before_other = false;
+    let mut seen_ack = false;
+    for d in tx.iter() {
+        let ack = d.is_plain_ack();
+        ack_before_other |= seen_ack && !ack;
+        seen_ack |= ack;
+    }
+    if ack_before_other {
+        tx.sort_by_key(Datagram::is_plain_ack); // stable: false (the others) first
+    }
+}
+
+/// Port 4791 of `to`, with `scope` if it is a link-local IPv6 address.
+fn to_socket_addr(to: IpAddr, scope: u32) -> SocketAddr {
+    match to {
+        IpAddr::V6(a) => SocketAddr::V6(std::net::SocketAddrV6::new(a, ROCE_PORT, 0, scope)),
+        IpAddr::V4(_) => SocketAddr::new(to, ROCE_PORT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain ACKs leave after the other datagrams of their batch, each kind
+    /// in its order, NAKs where they were; so the ACK a ping-pong's answer
+    /// follows joins the answer's GSO send.
+    #[test]
+    fn plain_acks_go_last_and_join_the_gso_send_before_them() {
+        let from = IpAddr::from([127, 0, 0, 1]);
+        let to = IpAddr::from([127, 0, 0, 2]);
+        let datagram = |opcode: u8, syndrome: u8, len: usize, tag: u8| {
+            let mut payload = vec![tag; len];
+            payload[0] = opcode;
+            payload[rnic_wire::bth::HEADER_LEN] = syndrome;
+            Datagram::new(from, to, 49152, payload)
+        };
+        let ack = |tag| datagram(0x11, 0x1F, 20, tag);
+        let nak = |tag| datagram(0x11, 0x60, 20, tag); // PSN sequence error
+        let send = |tag| datagram(0x04, 0, 80, tag); // SEND Only
+        let tags = |tx: &[Datagram]| tx.iter().map(|d| d.payload[1]).collect::<Vec<_>>();
+        let mut tx = vec![ack(1), send(2), nak(3), ack(4), send(5)];
+        acks_last(&mut tx);
+        assert_eq!(tags(&tx), [2, 3, 5, 1, 4]);
+        let mut tx = vec![ack(1), send(2)];
+        let group = |tx: &[Datagram]| {
+            crate::udp::gso_run(tx.len(), |i| {
+                (SocketAddr::new(tx[i].dst, 0), tx[i].payload.len())
+            })
+        };
+        assert_eq!(group(&tx), 1, "an ACK in front ends its own send");
+        acks_last(&mut tx);
+        assert_eq!(tags(&tx), [2, 1]);
+        assert_eq!(group(&tx), 2, "the answer and the ACK leave in one send");
+    }
+}

@@ -1,0 +1,439 @@
+//! The engine: the `Nic` and its UDP sockets behind one lock. A verb runs on
+//! the application's own thread: it takes the lock, calls rnic-core, sends
+//! what that produced and hands out completions, so posting a request costs
+//! no thread switch. The engine thread does the rest: it sleeps in poll(2)
+//! until a datagram arrives or a timer is due, then takes the lock and runs
+//! it through rnic-core. Completions reach the application through lock-free
+//! queues.
+//!
+//! What the ICRC check covers on this path: a UDP socket cannot see the IP
+//! header, so the ICRC of a received packet is verified under the convention
+//! of `rnic_wire::icrc::for_udp`: IPv4 identification 0 and DF set (IPv6: no
+//! convention needed, every variant field is masked). rnic's own sockets send
+//! exactly that (`IP_PMTUDISC_DO` on an unconnected socket), so rnic-to-rnic
+//! traffic verifies end to end, the IPv4 identification included; segment i
+//! of a UDP GSO send carries identification i, and its ICRC is made for it
+//! (see [`egress`]; a receiver accepts 0 to 63). A peer that
+//! puts its own IDs in IPv4 (rdma_rxe does) fails this check: talking to such
+//! a peer needs the frame transport (`frames`), which reads the whole IP
+//! header.
+//!
+//! The parts, by concern:
+//!
+//! - [`state`]: what the lock guards ([`EngineState`]), and the verbs'
+//!   bookkeeping under it;
+//! - [`receive`]: a batch taken in and run through the NIC (the UDP and
+//!   frame transports differ only there);
+//! - [`egress`]: what the NIC built, paced, impaired, shaped into GSO
+//!   sends and sent;
+//! - [`hold`]: when what the NIC queued waits for the program instead;
+//! - [`observe`]: taps, captures and the trace log;
+//! - [`shared`]: what the engine thread and the program's threads share
+//!   without the lock;
+//! - [`thread`]: the engine thread's loop, with [`watch`] (whether it
+//!   watches the socket or leaves it to pollers) and [`sched`] (its
+//!   scheduling class, its core, lingering);
+//! - [`sockets`]: the UDP sockets and the claim on an address;
+//! - [`exit`]: what a process's exit sends.
+
+mod egress;
+mod exit;
+mod hold;
+mod observe;
+mod receive;
+// CPU affinity and scheduling, which std and rustix do not wrap.
+#[allow(unsafe_code)]
+pub(crate) mod sched;
+mod shared;
+mod sockets;
+mod state;
+mod thread;
+mod watch;
+
+#[cfg(test)]
+mod tests;
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use rnic_core::Nic;
+use rustc_hash::FxHashMap as HashMap;
+use rustix::event::{eventfd, EventfdFlags};
+
+use exit::register;
+pub use observe::TapEvent;
+use shared::Shared;
+use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared, response_socket};
+pub(crate) use state::{CqSink, EngineState};
+
+/// The UDP port of RoCE v2.
+pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;
+
+/// The application's handle on the engine.
+pub(crate) struct Engine {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    pub addr: IpAddr,
+    /// Every address of the NIC, its own first (the interface's, on the
+    /// frame transport).
+    pub addrs: Vec<IpAddr>,
+    /// The same in GID table order ([`crate::frames::Interface::gids`]).
+    pub gids: Vec<IpAddr>,
+    /// On the frame transport, what holds this NIC's slot of the QP
+    /// number space on the interface while it lives.
+    _slot_claim: Option<std::os::unix::net::UnixDatagram>,
+    /// On the UDP transport with a response socket, what holds the address
+    /// for this NIC while it lives (its sockets let others join: see
+    /// [`claim_udp`]).
+    _udp_claim: Option<std::os::unix::net::UnixDatagram>,
+    /// The largest IP packet the link carries.
+    pub link_mtu: u32,
+    /// The process that started the thread: a forked child has a copy of
+    /// this struct but not the thread.
+    pid: u32,
+}
+
+impl Engine {
+    /// Bind `addr`:4791 and start the engine thread, taking packets in from
+    /// `iface` through a frame socket if given (see `frames`).
+    pub fn start(
+        addr: IpAddr,
+        iface: Option<&crate::frames::Interface>,
+        secret: rnic_core::rng::SecretRng,
+        priority: sched::Priority,
+    ) -> io::Result<Engine> {
+        // The NIC's addresses: the interface's (its own first), or `addr`.
+        let mut addrs = vec![addr];
+        let scope = iface.map_or(0, |i| i.index);
+        let scope_of = |a: IpAddr| iface.map_or(0, |i| i.scope_of(a));
+        if let Some(i) = iface {
+            addrs.extend(i.gids.iter().filter(|&&a| a != addr));
+        }
+        let shared = iface.is_some();
+        // On the UDP transport, RC responses arrive on a socket of their
+        // own where the kernel steers them: the two sockets share the port
+        // (SO_REUSEPORT), and a claim keeps the address this NIC's.
+        let steer_when_staying = response_socket()?;
+        let split = iface.is_none();
+        let udp_claim = if split {
+            Some(claim_udp(addr, scope)?)
+        } else {
+            None
+        };
+        let socket = open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared || split)?;
+        let responses = if split {
+            let r = open_socket_shared(addr, ROCE_PORT, scope_of(addr), true)?;
+            // Not steered until the engine thread leaves responses to pollers.
+            match crate::udp::steer_responses(socket.as_fd(), false)
+                .and_then(|()| crate::udp::enable_gro(r.as_fd()))
+            {
+                Ok(()) => Some(r),
+                Err(e) => {
+                    tracing::info!("RC responses share the socket of requests: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut send_sockets = HashMap::default();
+        let mut nic = Nic::with_secret(addr, secret);
+        for &a in &addrs[1..] {
+            nic.add_addr(a);
+        }
+        let mut slot_claim = None;
+        let frames = match iface {
+            Some(i) => {
+                // Other processes' NICs may be on this interface too: this
+                // one takes a slot of the QP number space, and its frame
+                // socket only the packets to its QPs.
+                let (slot, claim) = crate::frames::claim_slot(i)?;
+                nic.restrict_qpns(slot.slot, slot.bits)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                slot_claim = Some(claim);
+                let f = crate::frames::open(i, &addrs, Some(slot))?;
+                crate::frames::receive_nothing(&socket)?;
+                // Port 4791 of every other address: bound, so that the
+                // kernel answers no RoCE packet with an ICMP port
+                // unreachable, receiving nothing, sending what the NIC
+                // sends from there.
+                for &a in &addrs[1..] {
+                    let s = open_socket_shared(a, ROCE_PORT, scope_of(a), true).map_err(|e| {
+                        io::Error::new(e.kind(), format!("UDP port {ROCE_PORT} of {a}: {e}"))
+                    })?;
+                    crate::frames::receive_nothing(&s)?;
+                    send_sockets.insert((a, ROCE_PORT), s);
+                }
+                Some(f)
+            }
+            None => None,
+        };
+        for &a in &addrs {
+            crate::capture::register_local(a);
+        }
+        let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        let span = tracing::info_span!("rnic_engine", %addr);
+        let start = Instant::now();
+        // Packets of QPs without a port of their own leave from 4791.
+        nic.set_udp_source_port(Some(ROCE_PORT));
+        // On the UDP transport a peer's GSO send arrives whole where the
+        // kernel can (GRO), one receive for what took one send.
+        let rx = if frames.is_none() && crate::udp::enable_gro(socket.as_fd()).is_ok() {
+            crate::udp::RecvBatch::with_gro()
+        } else {
+            crate::udp::RecvBatch::new()
+        };
+        let gso = gso_default(addr, iface.is_some())?;
+        let state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, gso);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            socket,
+            responses,
+            responses_left: AtomicBool::new(false),
+            steering: AtomicBool::new(false),
+            steered_once: AtomicBool::new(false),
+            steer_when_staying: AtomicBool::new(steer_when_staying),
+            #[cfg(test)]
+            pinned_steering: std::sync::atomic::AtomicU8::new(0),
+            frames,
+            wake,
+            sleeping_until: AtomicU64::new(u64::MAX),
+            deadline: AtomicU64::new(u64::MAX),
+            stop: AtomicBool::new(false),
+            start,
+            last_active: AtomicU64::new(0),
+            active_cpu: AtomicUsize::new(usize::MAX),
+            tid: AtomicU32::new(0),
+            away: AtomicBool::new(false),
+            sleeper: AtomicBool::new(false),
+            polled_packets: AtomicU64::new(0),
+            engine_packets: AtomicU64::new(0),
+            lingered_packets: AtomicU64::new(0),
+            looked_packets: AtomicU64::new(0),
+            stays: AtomicU64::new(0),
+            away_sleeps: AtomicU64::new(0),
+            away_max: AtomicU64::new(watch::AWAY_MAX),
+        });
+        register(&shared);
+        let engine_side = shared.clone();
+        // The device is ready when its thread is: set up (its scheduling
+        // class too) before the first packet, not whenever the scheduler
+        // first runs it.
+        let (ready, started) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("rnic-engine-{addr}"))
+            .spawn(move || {
+                let _entered = span.enter();
+                engine_side.tid.store(
+                    rustix::thread::gettid().as_raw_nonzero().get() as u32,
+                    Ordering::Relaxed,
+                );
+                let realtime = sched::apply(priority);
+                tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
+                let _ = ready.send(());
+                thread::run(&engine_side, realtime);
+            })?;
+        // An error here means the thread ended before it was ready; the
+        // engine then fails its first call as it would have anyway.
+        let _ = started.recv();
+        Ok(Engine {
+            shared,
+            thread: Some(thread),
+            addr,
+            gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
+            _slot_claim: slot_claim,
+            _udp_claim: udp_claim,
+            addrs,
+            link_mtu: link_mtu(addr, iface),
+            pid: std::process::id(),
+        })
+    }
+
+    /// Run `f` on the engine's state, on this thread, then send what it
+    /// produced and deliver its completions.
+    pub fn call<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
+        self.verb(f, false)
+    }
+
+    /// [`Engine::call`] for a verb that posts work (a send, a receive, a
+    /// bind). The posting thread counts as one that polls: it will poll for
+    /// what it posted, and takes in what has arrived then. A bandwidth
+    /// client posts for a millisecond at a time between polls; counted as
+    /// idle, it brought the engine thread back to the socket each time, and
+    /// back to a wake-up per packet batch.
+    ///
+    /// While the engine thread has left the socket to pollers (threads
+    /// poll without pause), the datagrams a post produces wait for the next
+    /// poll that finds its queue empty, up to [`crate::udp::BATCH`] of
+    /// them: a program that posts a burst and then polls, as bandwidth
+    /// programs do, sends the burst in one system call (one GSO send on
+    /// loopback) instead of one per post, and one that posts a request and
+    /// polls for its answer sends it at its first poll. Any other verb
+    /// sends them at once; if the program stops polling, the engine thread
+    /// sends them when it next looks, 1-8 ms after the last poll or post
+    /// (`watch::AWAY_MAX` to `watch::AWAY_LONGEST`: see
+    /// [`watch::Watch::away_for`]), as it takes in what arrived meanwhile. The
+    /// posting thread never wakes it for them.
+    pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
+        self.shared.active();
+        self.verb(f, true)
+    }
+
+    /// Run verb `f` under the lock, then send what it produced (or hold it,
+    /// for a post while threads poll: `may_hold`) and deliver the rest.
+    fn verb<R>(&self, f: impl FnOnce(&mut EngineState) -> R, may_hold: bool) -> io::Result<R> {
+        let sh = &*self.shared;
+        let mut st = sh.state.lock();
+        let span = st.span.clone();
+        let _entered = span.enter();
+        // A send post queues requests (or gives its QP more to build):
+        // what counts as an answer; a receive posted does not.
+        let queued = st.nic.queued_datagrams();
+        let r = f(&mut st);
+        if may_hold && queued.is_some_and(|q| st.nic.queued_datagrams().is_none_or(|n| n > q)) {
+            st.posted();
+        }
+        let polled = may_hold && sh.away.load(Ordering::SeqCst);
+        let held = polled && st.may_hold();
+        if held {
+            st.hold_queued();
+            st.deliver();
+        } else {
+            st.pump(&sh.socket);
+        }
+        let deadline = sh.publish(&st);
+        // A timer the post set still wakes the engine thread; while it
+        // leaves the socket to pollers, the datagrams the post held, and
+        // what it left the NIC to build, do not: the poster's next poll
+        // sends them.
+        let next = if polled { st.wake_deadline() } else { deadline };
+        drop(st);
+        // A deadline earlier than the engine thread's wake-up: tell it.
+        sh.wake_for(next);
+        Ok(r)
+    }
+
+    /// Run-to-completion: on the calling thread (one that found its queue
+    /// empty), take in what has arrived, as the engine thread would, so a
+    /// program that polls needs no hand-off to another thread. Does nothing
+    /// if the engine thread (or another poller) holds the lock: it is doing
+    /// the same work. Allocates nothing when nothing arrived.
+    ///
+    /// Timers are the engine thread's: they run here only when it is late
+    /// for them (asleep past the time it meant to wake, starved of a core).
+    /// That costs one comparison per poll, where looking for a due timer
+    /// would look at every queue pair's.
+    ///
+    /// While the engine thread has left the socket to pollers, what a
+    /// batch that delivered a completion produced (the ACK of a SEND, say)
+    /// waits for the next poll that finds its queue empty, as a post's
+    /// datagrams do ([`Engine::post`]): the program, handed the
+    /// completion, often answers it, and the ACK and the answer then leave
+    /// in one system call after the answer was posted, instead of the
+    /// ACK's system call delaying the answer. A program that polls for
+    /// anything at all sends it at its next poll; one that stops polling
+    /// leaves it to the engine thread, at most `watch::AWAY_LONGEST` later.
+    /// Once the program has shown that it answers what it takes in, ACKs
+    /// wait for the answer itself, and a poll leaves them waiting (see
+    /// [`hold::Hold::hold_for_answer`]).
+    pub fn progress(&self) {
+        let sh = &*self.shared;
+        let now = sh.active();
+        let Some(mut st) = sh.state.try_lock() else {
+            return;
+        };
+        // What posts held back goes first: it is what the poller waits for
+        // (ACKs held for an answer wait for a post, or their time).
+        let held = st.hold.due().is_some_and(|t| t.0 <= now);
+        if held {
+            st.pump(&sh.socket);
+        }
+        let away = sh.away.load(Ordering::SeqCst);
+        // After a poll that found nothing, one message: what a ping-pong's
+        // poller finds, the answer (with the ACK that came with it: one
+        // GSO send, one message). Asking for a batch, the kernel would
+        // fill one header and then fail on the next, which costs about
+        // what an empty receive does (`recvmmsg` with 64 B WRITEs
+        // ping-ponging: 3,400 cycles a receive asking for one, 4,000 for a
+        // batch). A thread that finds something at its next poll again
+        // asks for a batch: a stream pays one system call more per spell.
+        let most = if st.polled_dry { 1 } else { crate::udp::BATCH };
+        // Requests (and, unless steered apart, responses), then the
+        // responses steered apart.
+        let mut received = st
+            .receive_at_most(sh.rx(), &sh.socket, away, true, most)
+            .packets;
+        if let Some(r) = sh
+            .responses_rx()
+            .filter(|_| sh.steering.load(Ordering::Relaxed))
+        {
+            received += st.receive_at_most(r, &sh.socket, away, true, most).packets;
+        }
+        st.polled_dry = received == 0;
+        if received > 0 {
+            sh.polled_packets
+                .fetch_add(received as u64, Ordering::Relaxed);
+        }
+        let mut worked = held || received > 0;
+        // What a pump left the NIC to build, after what arrived was taken
+        // in (the order the engine thread keeps): the next bursts.
+        if st.nic.more_to_build() {
+            st.pump(&sh.socket);
+            worked = true;
+        }
+        if now >= sh.sleeping_until.load(Ordering::Acquire) {
+            worked |= st.run_due_timers(&sh.socket);
+        }
+        if !worked {
+            st.hold.empty_poll();
+            return;
+        }
+        // What this poll held does not wake the engine thread, nor what it
+        // left to build while the engine thread is away; timers do.
+        let next = if away {
+            st.wake_deadline()
+        } else {
+            st.timer_deadline()
+        };
+        sh.publish(&st);
+        drop(st);
+        sh.wake_for(next);
+    }
+
+    /// A thread is about to sleep until a completion (it armed a queue for
+    /// an event, or waits on one): the engine thread must watch the socket
+    /// for it, and is woken if it left the socket to pollers.
+    pub fn expect_sleeper(&self) {
+        let sh = &*self.shared;
+        sh.sleeper.store(true, Ordering::SeqCst);
+        if sh.away.load(Ordering::SeqCst) || sh.responses_left.load(Ordering::SeqCst) {
+            sh.wake();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: its thread is the parent's, and the
+            // locks may be held by threads that do not exist here. Leave
+            // everything as it is.
+            std::mem::forget(self.thread.take());
+            return;
+        }
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for &a in &self.addrs {
+            crate::capture::unregister_local(a);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! What comes in: a batch of datagrams from the UDP socket, or of frames
+//! from the frame transport's packet socket, each run through the NIC in
+//! the order it arrived, straight from the receive buffer; then what that
+//! produced is sent, or held for the program (see [`super::hold`]).
+//!
+//! The two transports differ only here, in how a packet comes in (both
+//! send from UDP sockets), so they are an enum matched in one place
+//! rather than a trait: see `DESIGN.md`.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd};
+
+use rnic_core::Datagram;
+use rnic_wire::encap::LinkType;
+
+use super::state::EngineState;
+
+/// Where the engine receives: the UDP socket on port 4791, or a frame
+/// socket on an interface (see `frames`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Rx<'a> {
+    /// A UDP socket on port 4791.
+    Udp(&'a UdpSocket),
+    /// A frame socket on an interface.
+    Frames(BorrowedFd<'a>),
+}
+
+impl<'a> Rx<'a> {
+    pub(super) fn fd(self) -> BorrowedFd<'a> {
+        match self {
+            Rx::Udp(s) => s.as_fd(),
+            Rx::Frames(f) => f,
+        }
+    }
+}
+
+/// Where one received packet came from.
+#[derive(Debug, Clone, Copy)]
+enum Source<'a> {
+    /// A UDP socket: the sender's address and port.
+    Udp(SocketAddr),
+    /// A frame socket: the whole IP packet.
+    Frame(&'a [u8]),
+}
+
+/// What one [`EngineState::receive`] took in.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Received {
+    /// Packets (0: none was waiting).
+    pub(super) packets: usize,
+    /// Of those, requests that end without a completion here (a WRITE's
+    /// last packet, a READ or atomic request): no thread polling a
+    /// completion queue waits for them.
+    pub(super) unpolled: usize,
+}
+
+impl EngineState {
+    /// Receive one batch from `rx` and run each packet through the NIC in
+    /// arrival order, straight from the receive buffer. Then deliver
+    /// completions and send what that produced (from `socket` and the other
+    /// UDP sockets), or hold it: if it is ACKs alone, the program polls or
+    /// posts (`program_active`) and answers requests, for its next post
+    /// (see [`super::hold::Hold::hold_for_answer`]); else, with `may_hold` (a
+    /// poller's call while the engine thread is away) when it delivered a
+    /// completion, for the poller's next call (see [`super::Engine::progress`]).
+    pub(super) fn receive(
+        &mut self,
+        rx: Rx<'_>,
+        socket: &UdpSocket,
+        may_hold: bool,
+        program_active: bool,
+    ) -> Received {
+        self.receive_at_most(rx, socket, may_hold, program_active, crate::udp::BATCH)
+    }
+
+    /// [`EngineState::receive`], of at most `most` messages (see
+    /// [`crate::udp::RecvBatch::recv_at_most`]).
+    pub(super) fn receive_at_most(
+        &mut self,
+        rx: Rx<'_>,
+        socket: &UdpSocket,
+        may_hold: bool,
+        program_active: bool,
+        most: usize,
+    ) -> Received {
+        // ICMP errors from earlier sends (port unreachable) surface here as
+        // errors: nothing to receive this round.
+        let n = self.rx.recv_at_most(rx.fd(), most).unwrap_or_default();
+        let mut got = Received {
+            packets: 0,
+            unpolled: 0,
+        };
+        if n == 0 {
+            return got;
+        }
+        let dst = self.nic.addr();
+        let now = self.now();
+        for i in 0..n {
+            // The IB packets (BTH onwards; more than one where GRO joined
+            // datagrams), and where they came from.
+            let (packets, source) = match rx {
+                Rx::Udp(_) => match self.rx.get(i) {
+                    Some((p, from)) => (p, Source::Udp(from)),
+                    None => {
+                        got.packets += 1;
+                        self.nic.count_malformed();
+                        continue;
+                    }
+                },
+                Rx::Frames(_) => match self.rx.frame(i) {
+                    Some(f) => {
+                        let p = crate::frames::ib_packet(f);
+                        if p.is_empty() {
+                            // Not RoCE: the NIC says what it is, and counts it.
+                            got.packets += 1;
+                            self.nic.handle_frame(now, LinkType::RawIp, f);
+                            continue;
+                        }
+                        (p.chunks(p.len()), Source::Frame(f))
+                    }
+                    None => {
+                        got.packets += 1;
+                        self.nic.count_malformed();
+                        continue;
+                    }
+                },
+            };
+            for payload in packets {
+                got.packets += 1;
+                // What the NIC read of the packet, and the addresses it
+                // carried (a frame's own).
+                let (header, addrs) = match source {
+                    Source::Udp(from) => (
+                        self.nic
+                            .handle_udp(now, from.ip(), dst, from.port(), payload),
+                        Some((from.ip(), dst, from.port())),
+                    ),
+                    Source::Frame(frame) => {
+                        match self.nic.handle_frame(now, LinkType::RawIp, frame) {
+                            Some(a) => (Some(a.header), Some((a.src, a.dst, a.src_port))),
+                            None => (None, None),
+                        }
+                    }
+                };
+                if header.is_some_and(|h| h.ends_without_responder_completion()) {
+                    got.unpolled += 1;
+                }
+                if let Some((src, dst, src_port)) = addrs.filter(|_| self.observed()) {
+                    let span = match header {
+                        Some(h) if !self.qp_spans.is_empty() => self.qp_span(h.dest_qp),
+                        _ => tracing::Span::none(),
+                    };
+                    let _in_qp = span.enter();
+                    let d = Datagram {
+                        src,
+                        dst,
+                        src_port,
+                        payload: payload.to_vec(),
+                        header,
+                    };
+                    self.observe(false, now, &d);
+                }
+            }
+        }
+        let acks = self.only_acks_queued();
+        if acks {
+            self.hold.acks_left(now);
+        }
+        if acks && program_active && self.hold.expects_answer() {
+            self.deliver();
+            let now = self.now();
+            self.hold.hold_for_answer(now);
+        } else if may_hold && self.may_hold() && self.deliver() > 0 {
+            self.hold_queued();
+        } else {
+            self.pump(socket);
+        }
+        got
+    }
+}
