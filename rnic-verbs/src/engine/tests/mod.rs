@@ -3,6 +3,8 @@
 //! (whether the engine thread left the socket to pollers, what it held,
 //! who took packets in).
 
+use std::io;
+use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
