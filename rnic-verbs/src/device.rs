@@ -11,7 +11,7 @@ use crossbeam_channel::Receiver;
 
 use crate::engine::{Engine, EngineState};
 use crate::{
-    capture, frames, impair, AsyncEvent, AsyncEventQueue, DeviceAttr, Error, ImpairStats,
+    capture, frames, impair, AsyncEvent, AsyncEventQueue, Config, DeviceAttr, Error, ImpairStats,
     Impairment, Mtu, Result, TapReceiver, DEVICE_ATTR,
 };
 
@@ -31,36 +31,28 @@ impl fmt::Debug for Device {
 
 impl Device {
     /// Open a NIC on `addr` (IPv4 or IPv6): bind UDP port 4791 there and start
-    /// its engine thread.
+    /// its engine thread, configured by the environment ([`Config`]).
     pub fn open(addr: IpAddr) -> Result<Device> {
-        Device::start(addr, None)
+        Device::open_with(addr, &Config::from_env()?)
+    }
+
+    /// [`Device::open`] configured by `config` rather than the environment.
+    pub fn open_with(addr: IpAddr, config: &Config) -> Result<Device> {
+        Device::start(addr, None, config)
     }
 
     /// Start a NIC's engine on `addr`, on `iface` if given, recording to
-    /// `RNIC_PCAP` if that is set, its egress impaired as `RNIC_IMPAIR`
-    /// says if that is set.
-    fn start(addr: IpAddr, iface: Option<&frames::Interface>) -> Result<Device> {
-        let impair = match std::env::var("RNIC_IMPAIR") {
-            Ok(v) => Some(v.parse::<Impairment>().map_err(|_| Error::BadEnv {
-                var: "RNIC_IMPAIR".into(),
-                value: v.clone(),
-                expected: "loss=P,dup=P,reorder=P,corrupt=P,delay=D,seed=N (P as 5% or 0.05, D as 1ms or 200us)",
-            })?),
-            Err(_) => None,
-        };
-        let engine = Engine::start(
-            addr,
-            iface,
-            secret()?,
-            crate::engine::sched::Priority::from_env()?,
-        )?;
+    /// `config.pcap` if it names a file, its egress impaired as
+    /// `config.impair` says.
+    fn start(addr: IpAddr, iface: Option<&frames::Interface>, config: &Config) -> Result<Device> {
+        let engine = Engine::start(addr, iface, secret()?, config)?;
         let dev = Device {
             engine: Arc::new(engine),
         };
-        if let Some(path) = std::env::var_os("RNIC_PCAP") {
-            dev.capture(std::path::Path::new(&path))?;
+        if let Some(path) = &config.pcap {
+            dev.capture(path)?;
         }
-        if let Some(i) = impair {
+        if let Some(i) = config.impair {
             dev.set_impairment(i)?;
         }
         Ok(dev)
@@ -90,8 +82,14 @@ impl Device {
     /// in each packet, as rdma_rxe does, and the one for RoCE v2 over
     /// IPv6 on a link. Needs CAP_NET_RAW.
     pub fn open_on_interface(name: &str) -> Result<Device> {
+        Device::open_on_interface_with(name, &Config::from_env()?)
+    }
+
+    /// [`Device::open_on_interface`] configured by `config` rather than the
+    /// environment.
+    pub fn open_on_interface_with(name: &str, config: &Config) -> Result<Device> {
         let iface = frames::Interface::find(name)?;
-        Device::start(iface.addr(), Some(&iface))
+        Device::start(iface.addr(), Some(&iface), config)
     }
 
     /// Record every packet of this device in the pcap file at `path` (devices
@@ -106,11 +104,17 @@ impl Device {
     /// (127.0.0.1, then 127.0.0.2, ...), or on the address in `RNIC_ADDR`
     /// (an error names the variable if it is not an IP address).
     pub fn open_loopback() -> Result<Device> {
-        if let Some(a) = std::env::var_os("RNIC_ADDR") {
-            return Device::open(parse_env_addr("RNIC_ADDR", &a.to_string_lossy())?);
+        Device::open_loopback_with(&Config::from_env()?)
+    }
+
+    /// [`Device::open_loopback`] configured by `config` (its `addr`, if
+    /// any, rather than the first free loopback address).
+    pub fn open_loopback_with(config: &Config) -> Result<Device> {
+        if let Some(a) = config.addr {
+            return Device::open_with(a, config);
         }
         for addr in loopback_addrs() {
-            match Device::open(addr) {
+            match Device::open_with(addr, config) {
                 Ok(d) => return Ok(d),
                 Err(Error::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e),

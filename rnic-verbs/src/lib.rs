@@ -25,7 +25,7 @@
 //! - `cq`: [`CompletionQueue`], with [`CompletionChannel`] (`channel`);
 //! - `srq`: [`SharedReceiveQueue`]; `ah`: [`AddressHandle`];
 //! - `qp`: [`QueuePair`], [`QpBuilder`], [`Endpoint`], [`ConnectOptions`];
-//! - `error`: [`Error`].
+//! - `error`: [`Error`]; [`config`]: what the environment sets ([`Config`]).
 //!
 //! Under them: `engine` (the NIC's threads and sockets, see its module
 //! documentation), `memory` (what registered memory is made of), [`udp`]
@@ -52,6 +52,7 @@
 mod ah;
 mod capture;
 mod channel;
+pub mod config;
 mod cq;
 mod delivered;
 mod device;
@@ -74,6 +75,7 @@ pub mod udp;
 
 pub use ah::AddressHandle;
 pub use channel::{AsyncEventQueue, CompletionChannel};
+pub use config::Config;
 pub use cq::CompletionQueue;
 pub use device::{gid_of, loopback_addrs, parse_env_addr, Device, PortAttr};
 pub use engine::TapEvent;

@@ -212,6 +212,14 @@ enum Command {
         #[arg(long)]
         iface: Option<String>,
     },
+    /// The environment variables rnic reads: each one's value here, its
+    /// default and what it does; an error if a device could not start with
+    /// them.
+    Config {
+        /// Print the table of every variable as Markdown (the README's).
+        #[arg(long)]
+        markdown: bool,
+    },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
     Dump {
@@ -358,6 +366,26 @@ fn main() -> ExitCode {
                 Err(e) => {
                     eprintln!("rnic pingpong: {e}");
                     ExitCode::from(1)
+                }
+            }
+        }
+        Command::Config { markdown } => {
+            if markdown {
+                print!("{}", rnic_verbs::config::markdown_table());
+                return ExitCode::SUCCESS;
+            }
+            for v in rnic_verbs::config::VARIABLES {
+                let now = match std::env::var_os(v.name) {
+                    Some(value) => format!("{}={:?}", v.name, value.to_string_lossy()),
+                    None => format!("{} (unset: {})", v.name, v.default),
+                };
+                println!("{now}\n    {} Read by {}.", v.meaning, v.read_by.name());
+            }
+            match rnic_verbs::Config::from_env() {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rnic config: {e}");
+                    ExitCode::from(2)
                 }
             }
         }

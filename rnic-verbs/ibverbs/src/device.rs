@@ -139,16 +139,16 @@ impl Slot {
         }
         // The default device runs on RNIC_IFACE with the frame transport,
         // if set (see rnic_verbs::frames), else on a loopback address.
-        let iface = std::env::var("RNIC_IFACE").ok().filter(|i| !i.is_empty());
-        let d = match (self.spec.addr, iface) {
-            (Some(a), _) => Device::open(a),
-            (None, Some(i)) => Device::open_on_interface(&i),
-            (None, None) => Device::open_loopback(),
-        }
-        .map_err(|e| {
-            eprintln!("rnic: cannot open {}: {e}", self.spec.name);
-            ffi::errno_of(&e)
-        })?;
+        let d = rnic_verbs::Config::from_env()
+            .and_then(|config| match (self.spec.addr, &config.iface) {
+                (Some(a), _) => Device::open_with(a, &config),
+                (None, Some(i)) => Device::open_on_interface_with(i, &config),
+                (None, None) => Device::open_loopback_with(&config),
+            })
+            .map_err(|e| {
+                eprintln!("rnic: cannot open {}: {e}", self.spec.name);
+                ffi::errno_of(&e)
+            })?;
         *nic = Some(d.clone());
         Ok(d)
     }

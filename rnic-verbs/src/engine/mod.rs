@@ -66,10 +66,12 @@ use rnic_core::Nic;
 use rustc_hash::FxHashMap as HashMap;
 use rustix::event::{eventfd, EventfdFlags};
 
+use crate::Config;
+
 use exit::register;
 pub use observe::TapEvent;
 use shared::Shared;
-use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared, response_socket};
+use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub(crate) use state::{CqSink, EngineState};
 
 /// The UDP port of RoCE v2.
@@ -106,7 +108,7 @@ impl Engine {
         addr: IpAddr,
         iface: Option<&crate::frames::Interface>,
         secret: rnic_core::rng::SecretRng,
-        priority: sched::Priority,
+        config: &Config,
     ) -> io::Result<Engine> {
         // The NIC's addresses: the interface's (its own first), or `addr`.
         let mut addrs = vec![addr];
@@ -119,7 +121,7 @@ impl Engine {
         // On the UDP transport, RC responses arrive on a socket of their
         // own where the kernel steers them: the two sockets share the port
         // (SO_REUSEPORT), and a claim keeps the address this NIC's.
-        let steer_when_staying = response_socket()?;
+        let steer_when_staying = config.response_socket;
         let split = iface.is_none();
         let udp_claim = if split {
             Some(claim_udp(addr, scope)?)
@@ -189,7 +191,7 @@ impl Engine {
         } else {
             crate::udp::RecvBatch::new()
         };
-        let gso = gso_default(addr, iface.is_some())?;
+        let gso = gso_default(addr, iface.is_some(), config.gso);
         let state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, gso);
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -221,6 +223,7 @@ impl Engine {
             away_max: AtomicU64::new(watch::AWAY_MAX),
         });
         register(&shared);
+        let (priority, linger_window) = (config.priority, config.linger_window);
         let engine_side = shared.clone();
         // The device is ready when its thread is: set up (its scheduling
         // class too) before the first packet, not whenever the scheduler
@@ -237,7 +240,7 @@ impl Engine {
                 let realtime = sched::apply(priority);
                 tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
                 let _ = ready.send(());
-                thread::run(&engine_side, realtime);
+                thread::run(&engine_side, realtime, linger_window);
             })?;
         // An error here means the thread ended before it was ready; the
         // engine then fails its first call as it would have anyway.

@@ -54,54 +54,21 @@
 //! answers each request that much later, and a READ round trip was twice a
 //! WRITE ping-pong's. So where requests have been coming shortly after the
 //! engine ran out of work ([`Linger`]), it keeps looking at the socket for
-//! up to [`LINGER_WINDOW`] before it sleeps, as NAPI busy polling does. It
-//! lingers only while no thread of its program polls or posts (pollers take
-//! the packets in then), and in the normal class, yielding its core at
-//! every look: a thread of the normal class spinning beside it keeps its
-//! core. `RNIC_BUSY_POLL_US` sets the window (0: never linger).
+//! up to [`LINGER_WINDOW`](crate::config::LINGER_WINDOW) before it
+//! sleeps, as NAPI busy polling does. It lingers only while no thread of
+//! its program polls or posts (pollers take the packets in then), and in
+//! the normal class, yielding its core at every look: a thread of the
+//! normal class spinning beside it keeps its core. `RNIC_BUSY_POLL_US` sets
+//! the window (0: never linger).
 
 use rustix::thread::CpuSet;
 
-use crate::Error;
-
-/// What the engine thread asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Priority {
-    /// SCHED_FIFO 1 if permitted, else normal.
-    Realtime,
-    /// The normal class, as the process's other threads.
-    Normal,
-}
-
-impl Priority {
-    /// `RNIC_ENGINE_PRIORITY` (`realtime`, the default, or `normal`).
-    pub fn from_env() -> Result<Priority, Error> {
-        Priority::parse(std::env::var("RNIC_ENGINE_PRIORITY").ok().as_deref())
-    }
-
-    /// The variable's value, if set.
-    fn parse(value: Option<&str>) -> Result<Priority, Error> {
-        match value {
-            None | Some("realtime" | "") => Ok(Priority::Realtime),
-            Some("normal") => Ok(Priority::Normal),
-            Some(v) => Err(Error::BadEnv {
-                var: "RNIC_ENGINE_PRIORITY".into(),
-                value: v.into(),
-                expected: "realtime or normal",
-            }),
-        }
-    }
-}
+use crate::config::Priority;
 
 /// Apply `p` to the calling thread; whether it now runs in real time.
 pub(crate) fn apply(p: Priority) -> bool {
     p == Priority::Realtime && set_realtime(true)
 }
-
-/// How long the engine thread lingers on the socket after its last piece
-/// of work, where lingering pays (ns): a few round trips of a responder's
-/// program.
-pub const LINGER_WINDOW: u64 = 50_000;
 
 /// When the engine thread lingers: it scores the idle spells that a
 /// datagram ended (from running out of work to the next datagram). A spell
@@ -190,15 +157,6 @@ impl Linger {
     fn lingering(&self) -> bool {
         self.lingering
     }
-}
-
-/// The lingering window: `RNIC_BUSY_POLL_US` microseconds if set (0: never
-/// linger), else [`LINGER_WINDOW`].
-pub(crate) fn linger_window() -> u64 {
-    std::env::var("RNIC_BUSY_POLL_US")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(LINGER_WINDOW, |us| us.saturating_mul(1000))
 }
 
 /// Move the calling thread into SCHED_FIFO at priority 1 (`on`), or back
@@ -364,22 +322,6 @@ mod tests {
         assert_eq!(f.decide(later + 20 * MS, Some(1050 * MS), Some(1)), None);
     }
 
-    #[test]
-    fn the_variable_is_parsed_and_a_bad_value_named() {
-        assert_eq!(Priority::parse(None).unwrap(), Priority::Realtime);
-        assert_eq!(Priority::parse(Some("")).unwrap(), Priority::Realtime);
-        assert_eq!(
-            Priority::parse(Some("realtime")).unwrap(),
-            Priority::Realtime
-        );
-        assert_eq!(Priority::parse(Some("normal")).unwrap(), Priority::Normal);
-        let e = Priority::parse(Some("fast")).unwrap_err().to_string();
-        assert_eq!(
-            e,
-            "RNIC_ENGINE_PRIORITY=\"fast\": expected realtime or normal"
-        );
-    }
-
     /// Normal changes nothing; real time is taken where permitted and
     /// refused, changing nothing, where not.
     #[test]
@@ -403,7 +345,7 @@ mod tests {
     /// after two; a poller about, or a window of 0, stops it too.
     #[test]
     fn lingering_starts_after_short_spells_and_stops_after_empty_lingers() {
-        const W: u64 = LINGER_WINDOW;
+        const W: u64 = crate::config::LINGER_WINDOW;
         let us = |t: u64| t * 1000;
         let mut l = Linger::default();
         // Spell at 0, asleep, datagram at 90 us: short, as asleep.

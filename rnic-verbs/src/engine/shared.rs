@@ -2,6 +2,28 @@
 //! behind its lock, the sockets, and the flags and clocks read without the
 //! lock (whether the engine thread watches the socket, when it means to
 //! wake, who took packets in).
+//!
+//! # RC responses on a socket of their own
+//!
+//! A program that spins on memory between polls (ib_write_lat waits for
+//! the peer's WRITE on its buffer's last byte) needs the engine thread to
+//! take the WRITE in, so the engine thread watches the socket; it is then
+//! woken by every ACK too, which the program's next poll would have taken,
+//! and each wake-up preempts a program on a busy core: two per round trip
+//! instead of one. The kernel can steer RC responses (the opcodes a
+//! requester receives) to the second socket of the port's `SO_REUSEPORT`
+//! group ([`crate::udp::steer_responses`]); while threads poll, the engine
+//! thread then watches only the first, for requests. Requests and
+//! responses are separate streams on the wire, each in order on its
+//! socket.
+//!
+//! The two sockets are bound either way. Steering while the engine thread
+//! stays for such a program is off unless `RNIC_RESPONSE_SOCKET=on`
+//! ([`crate::Config::response_socket`]): it saves a wake-up per round trip
+//! but barely moves the round trip's time, and while a flood to QPs that
+//! do not exist keeps the engine thread staying, each poll reads two
+//! sockets and a legitimate transfer beside the flood slows down
+//! (`docs/performance.md` has the figures).
 
 use std::net::UdpSocket;
 use std::os::fd::{AsFd, OwnedFd};
@@ -26,13 +48,13 @@ pub(super) struct Shared {
     pub(super) socket: UdpSocket,
     /// On the UDP transport, a second socket on 4791 that RC responses
     /// (ACKs, READ responses, atomic ACKs) are steered to (see
-    /// [`super::sockets::response_socket`]), if the kernel steers.
+    /// the module's documentation), if the kernel steers.
     pub(super) responses: Option<UdpSocket>,
     /// The engine thread sleeps without watching `responses`: threads poll,
     /// and take them in.
     pub(super) responses_left: AtomicBool,
     /// Steer RC responses apart while staying for a program that spins on
-    /// memory (`RNIC_RESPONSE_SOCKET=on`; see [`super::sockets::response_socket`]).
+    /// memory (`RNIC_RESPONSE_SOCKET=on`; see the module's documentation).
     pub(super) steer_when_staying: AtomicBool,
     /// RC responses are steered to `responses` now: pollers look there
     /// too. Only while the engine thread leaves them to pollers; otherwise

@@ -61,41 +61,6 @@ pub(super) fn open_socket_shared(
     Ok(socket)
 }
 
-/// Whether a NIC on the UDP transport takes RC responses in on a socket of
-/// their own while it stays for a program that spins on memory:
-/// `RNIC_RESPONSE_SOCKET` (on, or off, the default). The two sockets are
-/// bound either way; off, nothing is ever steered to the second.
-///
-/// Off by default because what it saves is small and what it costs is
-/// not: `rnic perf write --lat` took one engine wake-up per round trip
-/// instead of 2.2, yet its p50 moved by 5-15% at most (36.1 against 38.1
-/// us, 44 against 47); while a flood to QPs that do not exist keeps the
-/// engine thread staying, each poll reads two sockets, and the legitimate
-/// transfer of `hostile_wire`'s on-path test kept 0.58-0.80 of its rate
-/// alone, against 0.84-1.14 without (six runs each).
-///
-/// Why: a program that spins on memory between polls (ib_write_lat waits
-/// for the peer's WRITE on its buffer's last byte) needs the engine thread
-/// to take the WRITE in, so the engine thread watches the socket; it was
-/// then woken by every ACK too, which the program's next poll would have
-/// taken, and each wake-up preempted a program on a busy core: two per
-/// round trip instead of one (`rnic perf write --lat`: 2.2 engine sleeps
-/// per round trip). The kernel steers RC responses (the opcodes a requester
-/// receives) to the second socket of the port's `SO_REUSEPORT` group
-/// ([`crate::udp::steer_responses`]); while threads poll, the engine thread
-/// watches only the first, for requests. Requests and responses are
-/// separate streams on the wire, each in order on its socket.
-pub(super) fn response_socket() -> io::Result<bool> {
-    match std::env::var("RNIC_RESPONSE_SOCKET").as_deref() {
-        Ok("on" | "1") => Ok(true),
-        Ok("off" | "0") | Err(_) => Ok(false),
-        Ok(other) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("RNIC_RESPONSE_SOCKET={other}: expected on or off"),
-        )),
-    }
-}
-
 /// Claim UDP port 4791 of `addr` (link-local IPv6: on interface `scope`)
 /// for one NIC, for as long as the returned socket is open. The NIC's two
 /// sockets on the port let sockets that ask for SO_REUSEPORT join them, so
@@ -120,22 +85,14 @@ pub(super) fn claim_udp(addr: IpAddr, scope: u32) -> io::Result<std::os::unix::n
 }
 
 /// Whether a NIC on `addr` sends runs of datagrams as UDP GSO sends:
-/// `RNIC_GSO` (on or off) if set; otherwise only on loopback with the UDP
-/// transport, where the kernel cuts the segments itself (the way a veth
-/// test proves correct) and every receiver is a UDP socket. On a real
+/// as `configured` (`RNIC_GSO`) if it says; otherwise only on loopback with
+/// the UDP transport, where the kernel cuts the segments itself (the way a
+/// veth test proves correct) and every receiver is a UDP socket. On a real
 /// interface a NIC's own segmentation offload might number the IPv4
 /// identification otherwise, and a peer's frame socket on `lo` would see
 /// the uncut message.
-pub(super) fn gso_default(addr: IpAddr, frames: bool) -> io::Result<bool> {
-    match std::env::var("RNIC_GSO").as_deref() {
-        Ok("on" | "1") => Ok(true),
-        Ok("off" | "0") => Ok(false),
-        Ok(other) => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("RNIC_GSO={other}: expected on or off"),
-        )),
-        Err(_) => Ok(addr.is_loopback() && !frames),
-    }
+pub(super) fn gso_default(addr: IpAddr, frames: bool, configured: Option<bool>) -> bool {
+    configured.unwrap_or(addr.is_loopback() && !frames)
 }
 
 /// The largest IP packet between `addr` and its peers: the interface's MTU

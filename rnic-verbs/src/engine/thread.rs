@@ -14,10 +14,12 @@ use super::sched::Idle;
 use super::shared::Shared;
 use super::watch::Watch;
 
-pub(super) fn run(sh: &Shared, realtime: bool) {
+/// The engine thread's loop, until the engine stops; `realtime` if it runs
+/// in real time, lingering on the socket up to `window` (ns; see
+/// [`super::sched::Linger`]).
+pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
     // Lingering on the socket after the last piece of work (see
     // `sched::Linger`).
-    let window = super::sched::linger_window();
     let mut linger = super::sched::Linger::default();
     let mut watch = Watch::default();
     let mut polled = 0;
@@ -98,7 +100,7 @@ pub(super) fn run(sh: &Shared, realtime: bool) {
         }
         // Staying for a program that spins on memory while threads poll:
         // they take the RC responses in, and the engine thread watches for
-        // requests only (see `response_socket`).
+        // requests only (see `shared`).
         let leave_responses = sh.responses.is_some()
             && sh.steer_when_staying.load(Ordering::Relaxed)
             && watch.staying(now)

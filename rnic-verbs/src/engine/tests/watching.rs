@@ -90,7 +90,7 @@ fn responses_are_not_steered_apart_by_default() {
 /// While a's engine thread watches for requests (a WRITE waited for it:
 /// a program spinning on memory) and a thread polls, the ACKs of a's
 /// SENDs reach the polling thread without waking the engine thread
-/// (see `engine::response_socket`).
+/// (see `engine::shared`).
 #[test]
 fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
     let p = pair_away();
