@@ -109,27 +109,20 @@ fn run(send: bool, size: u32, n: u64) -> f64 {
                     .unwrap();
             }
             let op = if send {
-                SendOp::Send { imm: None }
+                SendOp::send()
             } else {
-                SendOp::Write {
-                    remote_addr: 0x10000,
-                    rkey: s.rkey_b,
-                    imm: None,
-                }
+                SendOp::write(0x10000, s.rkey_b)
             };
-            let wr = SendWr {
+            let wr = SendWr::new(
                 wr_id,
                 op,
-                sg_list: sg_list![Sge {
+                sg_list![Sge {
                     addr: 0x10000,
                     length: size,
                     lkey: s.lkey[0],
                 }],
-                signaled: wr_id % 64 == 63,
-                solicited: false,
-                fence: false,
-                inline: None,
-            };
+            )
+            .signaled(wr_id % 64 == 63);
             s.nics[0].post_send(now, s.qpn[0], wr).unwrap();
             wr_id += 1;
         }

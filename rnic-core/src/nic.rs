@@ -51,10 +51,7 @@ fn check_sges(sg_list: &[Sge], max: u32) -> Result<(), VerbError> {
 fn check_inline(wr: &SendWr) -> Result<(), VerbError> {
     match &wr.inline {
         Some(data)
-            if !matches!(
-                wr.op,
-                SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
-            ) || data.len() > DEVICE_ATTR.max_inline_data as usize =>
+            if !wr.op.takes_inline() || data.len() > DEVICE_ATTR.max_inline_data as usize =>
         {
             Err(VerbError::BadInline { len: data.len() })
         }

@@ -124,6 +124,53 @@ pub enum SendOp {
 }
 
 impl SendOp {
+    /// IBV_WR_SEND.
+    pub const fn send() -> SendOp {
+        SendOp::Send { imm: None }
+    }
+    /// IBV_WR_SEND_WITH_IMM.
+    pub const fn send_imm(imm: u32) -> SendOp {
+        SendOp::Send { imm: Some(imm) }
+    }
+    /// IBV_WR_RDMA_WRITE to `remote_addr` in the region or window of `rkey`.
+    pub const fn write(remote_addr: u64, rkey: u32) -> SendOp {
+        SendOp::Write {
+            remote_addr,
+            rkey,
+            imm: None,
+        }
+    }
+    /// IBV_WR_RDMA_WRITE_WITH_IMM.
+    pub const fn write_imm(remote_addr: u64, rkey: u32, imm: u32) -> SendOp {
+        SendOp::Write {
+            remote_addr,
+            rkey,
+            imm: Some(imm),
+        }
+    }
+    /// IBV_WR_RDMA_READ from `remote_addr` in the region or window of `rkey`.
+    pub const fn read(remote_addr: u64, rkey: u32) -> SendOp {
+        SendOp::Read { remote_addr, rkey }
+    }
+    /// IBV_WR_ATOMIC_FETCH_AND_ADD of `add` at `remote_addr`.
+    pub const fn fetch_add(remote_addr: u64, rkey: u32, add: u64) -> SendOp {
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        }
+    }
+    /// IBV_WR_ATOMIC_CMP_AND_SWP: `swap` stored at `remote_addr` if it holds
+    /// `compare`.
+    pub const fn compare_swap(remote_addr: u64, rkey: u32, compare: u64, swap: u64) -> SendOp {
+        SendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        }
+    }
+
     /// The completion opcode it produces.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {
@@ -164,6 +211,14 @@ impl SendOp {
             SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { imm: Some(_), .. }
         )
     }
+    /// Operations that may carry inline data (IBV_SEND_INLINE): those that
+    /// send bytes, SEND and WRITE.
+    pub const fn takes_inline(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
+        )
+    }
     /// The atomics.
     pub const fn is_atomic(&self) -> bool {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
@@ -192,6 +247,44 @@ pub struct SendWr {
     /// and the buffer is free again as soon as the post returns. SEND and
     /// WRITE only, at most `DEVICE_ATTR.max_inline_data` bytes.
     pub inline: Option<InlineData>,
+}
+
+impl SendWr {
+    /// Work request `wr_id` doing `op` with the local buffers `sg_list`:
+    /// signaled, neither solicited nor fenced, not inline, as most work
+    /// requests are. The methods below change the rest.
+    pub fn new(wr_id: u64, op: SendOp, sg_list: SgList) -> SendWr {
+        SendWr {
+            wr_id,
+            op,
+            sg_list,
+            signaled: true,
+            solicited: false,
+            fence: false,
+            inline: None,
+        }
+    }
+    /// IBV_SEND_SIGNALED: whether a success produces a completion.
+    pub fn signaled(mut self, signaled: bool) -> SendWr {
+        self.signaled = signaled;
+        self
+    }
+    /// IBV_SEND_SOLICITED: whether the last packet asks for the peer's event.
+    pub fn solicited(mut self, solicited: bool) -> SendWr {
+        self.solicited = solicited;
+        self
+    }
+    /// IBV_SEND_FENCE: whether it waits for every earlier READ and atomic.
+    pub fn fence(mut self, fence: bool) -> SendWr {
+        self.fence = fence;
+        self
+    }
+    /// IBV_SEND_INLINE: these bytes instead of the gathered list (`None`:
+    /// not inline).
+    pub fn inline(mut self, inline: Option<InlineData>) -> SendWr {
+        self.inline = inline;
+        self
+    }
 }
 
 /// Where a UD send goes (`ibv_send_wr.wr.ud`: the address handle, the remote

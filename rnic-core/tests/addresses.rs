@@ -90,19 +90,15 @@ fn settle(c: &mut Cluster) {
 }
 
 fn wr(wr_id: u64, op: SendOp, q: &Q, len: u32) -> SendWr {
-    SendWr {
+    SendWr::new(
         wr_id,
         op,
-        sg_list: sg_list![Sge {
+        sg_list![Sge {
             addr: q.iova,
             length: len,
             lkey: q.lkey,
         }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    )
 }
 
 fn to_rts(
@@ -205,11 +201,7 @@ fn an_rc_transfer_over_ipv6_goes_between_the_named_addresses() {
         av(v6("fd00::1"), Some(v6("fd00::2"))),
     )
     .unwrap();
-    let write = SendOp::Write {
-        remote_addr: b.iova,
-        rkey: b.rkey,
-        imm: None,
-    };
+    let write = SendOp::write(b.iova, b.rkey);
     let now = c.now;
     c.nics[0]
         .post_send(now, a.qpn, wr(1, write, &a, 5000))
@@ -314,7 +306,7 @@ fn a_datagram_goes_from_the_address_handles_source() {
         qpn: b.qpn,
         qkey: 0x1111,
     };
-    let send = SendOp::Send { imm: None };
+    let send = SendOp::send();
     // The link-local source the handle names, though the NIC would pick
     // the global one for a global peer.
     c.nics[0]

@@ -56,23 +56,15 @@ fn post_writes(c: &mut Cluster, conns: &[(Side, Side)]) {
 /// A WRITE of `len` bytes at offset `at` of A's region to the same offset
 /// of B's.
 fn post_write(c: &mut Cluster, (a, b): &(Side, Side), wr_id: u64, at: u64, len: u32) {
-    let wr = SendWr {
+    let wr = SendWr::new(
         wr_id,
-        op: SendOp::Write {
-            remote_addr: B_IOVA + at,
-            rkey: b.mr.rkey,
-            imm: None,
-        },
-        sg_list: sg_list![Sge {
+        SendOp::write(B_IOVA + at, b.mr.rkey),
+        sg_list![Sge {
             addr: A_IOVA + at,
             length: len,
             lkey: a.mr.lkey,
         }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    );
     let now = c.now;
     c.nics[0].post_send(now, a.qpn, wr).unwrap();
 }

@@ -47,51 +47,19 @@ fn capture() -> Vec<u8> {
     p.write_a(0, &(0..8192u32).map(|i| i as u8).collect::<Vec<_>>());
     let rkey = p.b.mr.rkey;
     p.recv_b(1, 100_000, 4096);
-    p.post(1, SendOp::Send { imm: Some(7) }, p.sge_a(0, 3000));
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 5000),
-    );
-    p.post(
-        3,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: Some(9),
-        },
-        p.sge_a(0, 1),
-    );
+    p.post(1, SendOp::send_imm(7), p.sge_a(0, 3000));
+    p.post(2, SendOp::write(B_IOVA, rkey), p.sge_a(0, 5000));
+    p.post(3, SendOp::write_imm(B_IOVA, rkey, 9), p.sge_a(0, 1));
     p.recv_b(2, 110_000, 16);
-    p.post(
-        4,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        p.sge_a(50_000, 5000),
-    );
+    p.post(4, SendOp::read(B_IOVA, rkey), p.sge_a(50_000, 5000));
     p.post(
         5,
-        SendOp::CompareSwap {
-            remote_addr: B_IOVA + 8,
-            rkey,
-            compare: 0,
-            swap: 1,
-        },
+        SendOp::compare_swap(B_IOVA + 8, rkey, 0, 1),
         p.sge_a(60_000, 8),
     );
     p.post(
         6,
-        SendOp::FetchAdd {
-            remote_addr: B_IOVA + 16,
-            rkey,
-            add: 3,
-        },
+        SendOp::fetch_add(B_IOVA + 16, rkey, 3),
         p.sge_a(60_008, 8),
     );
     p.run();

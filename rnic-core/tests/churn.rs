@@ -35,23 +35,15 @@ fn cycle(c: &mut Cluster, i: u64, finish: bool) {
         .post_send(
             now,
             a.qpn,
-            SendWr {
-                wr_id: i,
-                op: SendOp::Write {
-                    remote_addr: B_IOVA + (i % 2048),
-                    rkey: b.mr.rkey,
-                    imm: None,
-                },
-                sg_list: sg_list![Sge {
+            SendWr::new(
+                i,
+                SendOp::write(B_IOVA + (i % 2048), b.mr.rkey),
+                sg_list![Sge {
                     addr: A_IOVA,
                     length: 2048,
                     lkey: a.mr.lkey,
                 }],
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            },
+            ),
         )
         .unwrap();
     if finish {

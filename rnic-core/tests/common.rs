@@ -165,11 +165,7 @@ impl Pair {
     /// through B's region R_Key.
     pub fn post_write_to_b(&mut self, wr_id: u64, remote_addr: u64, sg_list: SgList) {
         let rkey = self.b.mr.rkey;
-        let op = SendOp::Write {
-            remote_addr,
-            rkey,
-            imm: None,
-        };
+        let op = SendOp::write(remote_addr, rkey);
         self.post(wr_id, op, sg_list);
     }
 
@@ -182,19 +178,7 @@ impl Pair {
         let now = self.c.now;
         let qpn = [self.a.qpn, self.b.qpn][side];
         self.c.nics[side]
-            .post_send(
-                now,
-                qpn,
-                SendWr {
-                    wr_id,
-                    op,
-                    sg_list,
-                    signaled: true,
-                    solicited: false,
-                    fence,
-                    inline: None,
-                },
-            )
+            .post_send(now, qpn, SendWr::new(wr_id, op, sg_list).fence(fence))
             .unwrap();
     }
 

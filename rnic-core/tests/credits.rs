@@ -46,7 +46,7 @@ fn ack(p: &mut Pair, psn: Psn, msn: u32, code: u8) {
 fn post_sends(p: &mut Pair, n: u64) {
     for id in 1..=n {
         let sge = p.sge_a(id * 64, 64);
-        p.post(id, SendOp::Send { imm: None }, sge);
+        p.post(id, SendOp::send(), sge);
     }
 }
 
@@ -97,24 +97,9 @@ fn writes_and_reads_take_no_credit_and_move_the_limit_on() {
     // A WRITE and a READ need no receive WQE: they go with no credit
     // known, and the SEND after them is SSN 3 against LSN 0 + 2.
     let sge = p.sge_a(0, 64);
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        sge,
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), sge);
     let sge = p.sge_a(64, 64);
-    p.post(
-        2,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        sge,
-    );
+    p.post(2, SendOp::read(B_IOVA, rkey), sge);
     post_sends(&mut p, 2);
     let sent = take_tx(&mut p.c.nics[0]);
     assert_eq!(
@@ -129,15 +114,7 @@ fn writes_and_reads_take_no_credit_and_move_the_limit_on() {
     let mut p = Pair::new(3, &Params::default());
     for id in 1..=2 {
         let sge = p.sge_a(0, 64);
-        p.post(
-            id,
-            SendOp::Write {
-                remote_addr: B_IOVA,
-                rkey: p.b.mr.rkey,
-                imm: Some(7),
-            },
-            sge,
-        );
+        p.post(id, SendOp::write_imm(B_IOVA, p.b.mr.rkey, 7), sge);
     }
     let sent = take_tx(&mut p.c.nics[0]);
     assert_eq!(opcodes(&sent), [Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE]);

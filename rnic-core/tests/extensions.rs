@@ -145,15 +145,7 @@ fn flush_after_write_completes_in_order() {
     let (mut p, _, _) = pair(6, &params());
     let rkey = p.b.mr.rkey;
     p.write_a(0, &[3; 512]);
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA + 128,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 512),
-    );
+    p.post(1, SendOp::write(B_IOVA + 128, rkey), p.sge_a(0, 512));
     flush(&mut p, 2, rkey, 1, false);
     flush(&mut p, 3, rkey, 1, true);
     p.run();
@@ -205,11 +197,7 @@ fn flush_refusals() {
 fn write_through(p: &mut Pair, wr_id: u64, rkey: u32, offset: u64, len: u32) -> WcStatus {
     p.post(
         wr_id,
-        SendOp::Write {
-            remote_addr: B_IOVA + 4096 + offset,
-            rkey,
-            imm: None,
-        },
+        SendOp::write(B_IOVA + 4096 + offset, rkey),
         p.sge_a(0, len),
     );
     p.run();

@@ -200,19 +200,15 @@ fn rnic_sends_what_the_hardware_requester_sent_and_takes_its_ack() {
         .nic
         .reg_mr(h.pd, base, Box::new(data.to_vec()), Access::NONE)
         .unwrap();
-    let wr = SendWr {
-        wr_id: 7,
-        op: SendOp::Send { imm: Some(imm) },
-        sg_list: sg_list![Sge {
+    let wr = SendWr::new(
+        7,
+        SendOp::send_imm(imm),
+        sg_list![Sge {
             addr: base,
             length: data.len() as u32,
             lkey: src.lkey,
         }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    );
     h.nic.post_send(Time::ZERO, QP_4, wr).unwrap();
     let sent = h.nic.poll_transmit().expect("the SEND");
     assert!(h.nic.poll_transmit().is_none());

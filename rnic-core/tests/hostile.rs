@@ -28,34 +28,15 @@ fn rnr_nak_then_ack_of_the_same_request(inline: bool) {
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 31 + 7) as u8).collect();
     p.write_a(0, &data);
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: Some(0x1234),
-        },
-        p.sge_a(0, 3000),
-    );
+    p.post(1, SendOp::write_imm(B_IOVA, rkey, 0x1234), p.sge_a(0, 3000));
     let now = p.c.now;
     let sg_list = if inline { SgList::new() } else { p.sge_a(0, 8) };
     p.c.nics[0]
         .post_send(
             now,
             p.a.qpn,
-            SendWr {
-                wr_id: 2,
-                op: SendOp::Write {
-                    remote_addr: B_IOVA + 8192,
-                    rkey,
-                    imm: None,
-                },
-                sg_list,
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: inline.then(|| InlineData::from_slice(&data[..8])),
-            },
+            SendWr::new(2, SendOp::write(B_IOVA + 8192, rkey), sg_list)
+                .inline(inline.then(|| InlineData::from_slice(&data[..8]))),
         )
         .unwrap();
     let sent = take_tx(&mut p.c.nics[0]);
@@ -165,7 +146,7 @@ fn another_transports_send_is_dropped_by_an_rc_qp() {
     assert!(p.read(1, 0, 64).iter().all(|&x| x == 0));
     assert!(p.c.nics[0].poll_transmit().is_none() && p.c.nics[1].poll_transmit().is_none());
     // The receive is still there for a real RC SEND.
-    p.post(2, SendOp::Send { imm: None }, p.sge_a(0, 16));
+    p.post(2, SendOp::send(), p.sge_a(0, 16));
     p.run();
     assert_eq!(p.completions(1)[0].wr_id, 1);
 }
@@ -214,7 +195,7 @@ fn rnr_wait_is_the_naks_timer_to_the_nanosecond() {
         p.c.nics[0]
             .modify_qp(now, qpn, &attr, AttrMask::MIN_RNR_TIMER)
             .unwrap();
-        p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 16));
+        p.post(1, SendOp::send(), p.sge_a(0, 16));
         let send = take_tx(&mut p.c.nics[0]);
         deliver_to_b(&mut p, send[0].clone());
         let nak = take_tx(&mut p.c.nics[1]);
@@ -256,16 +237,9 @@ fn no_responder_resources_means_invalid_request() {
         }
         let rkey = p.b.mr.rkey;
         let wr = if op == "read" {
-            SendOp::Read {
-                remote_addr: B_IOVA,
-                rkey,
-            }
+            SendOp::read(B_IOVA, rkey)
         } else {
-            SendOp::FetchAdd {
-                remote_addr: B_IOVA,
-                rkey,
-                add: 5,
-            }
+            SendOp::fetch_add(B_IOVA, rkey, 5)
         };
         p.post(1, wr, p.sge_a(0, 8));
         p.run();
@@ -296,7 +270,7 @@ fn a_receive_with_a_bad_lkey_is_a_protection_error() {
     };
     p.c.nics[1].post_recv(now, p.b.qpn, bad).unwrap();
     p.write_a(0, &[0x77; 32]);
-    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 32));
+    p.post(1, SendOp::send(), p.sge_a(0, 32));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::RemOpErr);
     let c = p.completions(1);
@@ -418,15 +392,7 @@ fn reset_discards_work_requests_without_completions() {
     let now = q.c.now;
     q.c.nics[0].to_rts(now, qpn, &rts).unwrap();
     q.a = p.a;
-    q.post(
-        20,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey: q.b.mr.rkey,
-            imm: None,
-        },
-        q.sge_a(0, 8),
-    );
+    q.post(20, SendOp::write(B_IOVA, q.b.mr.rkey), q.sge_a(0, 8));
     q.run();
     let c = q.completions(0);
     assert_eq!(
@@ -624,14 +590,7 @@ fn a_duplicate_read_must_be_a_subset_of_the_original() {
     let (mut p, _, _) = pair(52, &Params::default());
     let rkey = p.b.mr.rkey;
     // A 2-packet READ at R = A_PSN (R and R + 1), then a WRITE at R + 2.
-    p.post(
-        1,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        p.sge_a(0, 2048),
-    );
+    p.post(1, SendOp::read(B_IOVA, rkey), p.sge_a(0, 2048));
     p.post_write_to_b(2, B_IOVA + 4096, p.sge_a(0, 8));
     p.run();
     assert_eq!(p.completions(0).len(), 2);
@@ -676,14 +635,7 @@ fn read_responses_out_of_position_are_dropped() {
     p.run();
     p.completions(0);
     let read_psn = psn(A_PSN).add(3);
-    p.post(
-        2,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        p.sge_a(10_000, 3000),
-    );
+    p.post(2, SendOp::read(B_IOVA, rkey), p.sge_a(10_000, 3000));
     let req = take_tx(&mut p.c.nics[0]);
     deliver_to_b(&mut p, req[0].clone());
     let responses = take_tx(&mut p.c.nics[1]);
@@ -749,15 +701,7 @@ fn sqd_finishes_what_was_begun_resends_a_loss_and_then_reports_drained() {
         length: LEN as u32,
         lkey: src.lkey,
     };
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: IOVA,
-            rkey: dst.rkey,
-            imm: None,
-        },
-        sg_list![sge],
-    );
+    p.post(1, SendOp::write(IOVA, dst.rkey), sg_list![sge]);
     p.post_write_to_b(2, B_IOVA, p.sge_a(0, 8));
     let now = p.c.now;
     let qpn = p.a.qpn;
@@ -834,7 +778,7 @@ fn a_cq_overrun_is_a_cq_error_and_its_qps_go_to_error() {
     );
     assert_eq!(p.c.nics[0].query_qp(qpn).unwrap().qp_state, QpState::Err);
     // Drained by the application, the CQ still takes nothing: it is in error.
-    p.post(9, SendOp::Send { imm: None }, p.sge_a(0, 8));
+    p.post(9, SendOp::send(), p.sge_a(0, 8));
     assert!(p.completions(0).is_empty());
 }
 
@@ -852,21 +796,16 @@ fn a_read_of_two_to_the_23_packets_is_refused_at_post() {
     let now = p.c.now;
     let qpn = p.a.qpn;
     let lkey = p.a.mr.lkey;
-    let read = |len: u32| SendWr {
-        wr_id: 1,
-        op: SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        sg_list: sg_list![rnic_core::wr::Sge {
-            addr: A_IOVA,
-            length: len,
-            lkey,
-        }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
+    let read = |len: u32| {
+        SendWr::new(
+            1,
+            SendOp::read(B_IOVA, rkey),
+            sg_list![rnic_core::wr::Sge {
+                addr: A_IOVA,
+                length: len,
+                lkey,
+            }],
+        )
     };
     let e = p.c.nics[0].post_send(now, qpn, read(1 << 31)).unwrap_err();
     assert_eq!(

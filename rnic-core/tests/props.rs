@@ -191,11 +191,7 @@ fn check_behind(
             Op::Write { dst, src, len } => {
                 p.post_fenced(
                     id,
-                    SendOp::Write {
-                        remote_addr: B_IOVA + dst,
-                        rkey,
-                        imm: None,
-                    },
+                    SendOp::write(B_IOVA + dst, rkey),
                     p.sge_a(src, len),
                     read_before,
                 );
@@ -206,14 +202,7 @@ fn check_behind(
             Op::Read { src, len } => {
                 let at = results[ri];
                 ri += 1;
-                p.post(
-                    id,
-                    SendOp::Read {
-                        remote_addr: B_IOVA + src,
-                        rkey,
-                    },
-                    p.sge_a(at, len),
-                );
+                p.post(id, SendOp::read(B_IOVA + src, rkey), p.sge_a(at, len));
                 read_before = true;
                 expect.push(Some((
                     at,
@@ -223,12 +212,7 @@ fn check_behind(
             Op::Send { src, len } => {
                 let at = recvs[si];
                 si += 1;
-                p.post_fenced(
-                    id,
-                    SendOp::Send { imm: None },
-                    p.sge_a(src, len),
-                    read_before,
-                );
+                p.post_fenced(id, SendOp::send(), p.sge_a(src, len), read_before);
                 model[at as usize..(at + u64::from(len)) as usize]
                     .copy_from_slice(&a_init[src as usize..(src + u64::from(len)) as usize]);
                 expect.push(None);
@@ -245,12 +229,7 @@ fn check_behind(
                 let compare = if compare_hit { orig } else { orig ^ 1 };
                 p.post_fenced(
                     id,
-                    SendOp::CompareSwap {
-                        remote_addr: B_IOVA + dst,
-                        rkey,
-                        compare,
-                        swap,
-                    },
+                    SendOp::compare_swap(B_IOVA + dst, rkey, compare, swap),
                     p.sge_a(at, 8),
                     read_before,
                 );
@@ -266,11 +245,7 @@ fn check_behind(
                     u64::from_ne_bytes(model[dst as usize..dst as usize + 8].try_into().unwrap());
                 p.post_fenced(
                     id,
-                    SendOp::FetchAdd {
-                        remote_addr: B_IOVA + dst,
-                        rkey,
-                        add,
-                    },
+                    SendOp::fetch_add(B_IOVA + dst, rkey, add),
                     p.sge_a(at, 8),
                     read_before,
                 );

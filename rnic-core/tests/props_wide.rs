@@ -277,11 +277,7 @@ fn check(
                 let data = gather(&a_init, &src_layout);
                 model[at as usize..at as usize + len as usize].copy_from_slice(&data);
                 (
-                    SendOp::Write {
-                        remote_addr: B_IOVA + at,
-                        rkey: keys[1].rkey,
-                        imm: None,
-                    },
+                    SendOp::write(B_IOVA + at, keys[1].rkey),
                     sges(&src_layout, A_IOVA, keys[0].lkey),
                     None,
                 )
@@ -290,10 +286,7 @@ fn check(
                 let l = result_layout.clone().unwrap_or_default();
                 let want = model[at as usize..at as usize + len as usize].to_vec();
                 (
-                    SendOp::Read {
-                        remote_addr: B_IOVA + at,
-                        rkey: keys[1].rkey,
-                    },
+                    SendOp::read(B_IOVA + at, keys[1].rkey),
                     sges(&l, A_IOVA, keys[0].lkey),
                     Some((0, l, want)),
                 )
@@ -309,7 +302,7 @@ fn check(
                 let now = c.now;
                 c.nics[1].post_recv(now, qps[1][q], recv).unwrap();
                 (
-                    SendOp::Send { imm: None },
+                    SendOp::send(),
                     sges(&src_layout, A_IOVA, keys[0].lkey),
                     Some((1, l, data)),
                 )
@@ -323,12 +316,7 @@ fn check(
                     model[a..a + 8].copy_from_slice(&swap.to_ne_bytes());
                 }
                 (
-                    SendOp::CompareSwap {
-                        remote_addr: B_IOVA + at,
-                        rkey: keys[1].rkey,
-                        compare,
-                        swap: *swap,
-                    },
+                    SendOp::compare_swap(B_IOVA + at, keys[1].rkey, compare, *swap),
                     sges(&l, A_IOVA, keys[0].lkey),
                     Some((0, l, orig.to_ne_bytes().to_vec())),
                 )
@@ -339,11 +327,7 @@ fn check(
                 let orig = u64::from_ne_bytes(model[a..a + 8].try_into().unwrap());
                 model[a..a + 8].copy_from_slice(&orig.wrapping_add(*add).to_ne_bytes());
                 (
-                    SendOp::FetchAdd {
-                        remote_addr: B_IOVA + at,
-                        rkey: keys[1].rkey,
-                        add: *add,
-                    },
+                    SendOp::fetch_add(B_IOVA + at, keys[1].rkey, *add),
                     sges(&l, A_IOVA, keys[0].lkey),
                     Some((0, l, orig.to_ne_bytes().to_vec())),
                 )
@@ -368,15 +352,7 @@ fn check(
         let writes = !matches!(op.kind, Kind::Read);
         let fence = writes && read_before[q];
         read_before[q] |= matches!(op.kind, Kind::Read);
-        let wr = SendWr {
-            wr_id: i as u64,
-            op: sop,
-            sg_list: sg,
-            signaled: true,
-            solicited: false,
-            fence,
-            inline: None,
-        };
+        let wr = SendWr::new(i as u64, sop, sg).fence(fence);
         let now = c.now;
         c.nics[0].post_send(now, qps[0][q], wr).unwrap();
         expect.push((i, Expect { result }));

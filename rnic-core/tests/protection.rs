@@ -24,21 +24,13 @@ fn region_of_another_pd(p: &mut Pair) -> (PdHandle, MrKeys) {
 const OTHER_IOVA: u64 = 0x7_0000_0000;
 
 fn write(p: &mut Pair, remote_addr: u64, rkey: u32, len: u32) -> WcStatus {
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, len),
-    );
+    p.post(1, SendOp::write(remote_addr, rkey), p.sge_a(0, len));
     p.run();
     p.completions(0)[0].status
 }
 
 fn read(p: &mut Pair, remote_addr: u64, rkey: u32, len: u32) -> WcStatus {
-    p.post(1, SendOp::Read { remote_addr, rkey }, p.sge_a(8192, len));
+    p.post(1, SendOp::read(remote_addr, rkey), p.sge_a(8192, len));
     p.run();
     p.completions(0)[0].status
 }

@@ -26,23 +26,8 @@ fn write_then_read_back() {
     let data = pattern(5000, 3);
     p.write_a(0, &data);
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA + 100,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 5000),
-    );
-    p.post(
-        2,
-        SendOp::Read {
-            remote_addr: B_IOVA + 100,
-            rkey,
-        },
-        p.sge_a(10_000, 5000),
-    );
+    p.post(1, SendOp::write(B_IOVA + 100, rkey), p.sge_a(0, 5000));
+    p.post(2, SendOp::read(B_IOVA + 100, rkey), p.sge_a(10_000, 5000));
     p.run();
     let c = p.completions(0);
     assert_eq!(c.len(), 2);
@@ -65,21 +50,11 @@ fn send_with_immediate_and_write_with_immediate() {
     p.write_a(0, &data);
     p.recv_b(77, 0, 4096);
     p.recv_b(78, 8192, 16);
-    p.post(
-        1,
-        SendOp::Send {
-            imm: Some(0xdead_beef),
-        },
-        p.sge_a(0, 3000),
-    );
+    p.post(1, SendOp::send_imm(0xdead_beef), p.sge_a(0, 3000));
     let rkey = p.b.mr.rkey;
     p.post(
         2,
-        SendOp::Write {
-            remote_addr: B_IOVA + 20_000,
-            rkey,
-            imm: Some(5),
-        },
+        SendOp::write_imm(B_IOVA + 20_000, rkey, 5),
         p.sge_a(0, 0),
     );
     p.run();
@@ -104,35 +79,9 @@ fn atomics() {
     let rkey = p.b.mr.rkey;
     let va = B_IOVA + 64;
     // CAS that matches (0 -> 7), CAS that does not (compare 1), FETCH_ADD 5.
-    p.post(
-        1,
-        SendOp::CompareSwap {
-            remote_addr: va,
-            rkey,
-            compare: 0,
-            swap: 7,
-        },
-        p.sge_a(0, 8),
-    );
-    p.post(
-        2,
-        SendOp::CompareSwap {
-            remote_addr: va,
-            rkey,
-            compare: 1,
-            swap: 9,
-        },
-        p.sge_a(8, 8),
-    );
-    p.post(
-        3,
-        SendOp::FetchAdd {
-            remote_addr: va,
-            rkey,
-            add: 5,
-        },
-        p.sge_a(16, 8),
-    );
+    p.post(1, SendOp::compare_swap(va, rkey, 0, 7), p.sge_a(0, 8));
+    p.post(2, SendOp::compare_swap(va, rkey, 1, 9), p.sge_a(8, 8));
+    p.post(3, SendOp::fetch_add(va, rkey, 5), p.sge_a(16, 8));
     p.run();
     let c = p.completions(0);
     assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
@@ -149,22 +98,10 @@ fn rkey_violation_writes_nothing_and_flushes_the_rest() {
     // Past the end of B's region, then a good WRITE that must be flushed.
     p.post(
         1,
-        SendOp::Write {
-            remote_addr: B_IOVA + REGION as u64 - 1000,
-            rkey,
-            imm: None,
-        },
+        SendOp::write(B_IOVA + REGION as u64 - 1000, rkey),
         p.sge_a(0, 2048),
     );
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 2048),
-    );
+    p.post(2, SendOp::write(B_IOVA, rkey), p.sge_a(0, 2048));
     p.run();
     let c = p.completions(0);
     assert_eq!(
@@ -188,28 +125,13 @@ fn wrong_key_byte_and_missing_rights() {
     };
     let mut p = Pair::new(5, &params);
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 16),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 16));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::RemInvReqErr);
 
     let mut p = Pair::new(6, &Params::default());
     let bad = p.b.mr.rkey ^ 0x01;
-    p.post(
-        1,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey: bad,
-        },
-        p.sge_a(0, 16),
-    );
+    p.post(1, SendOp::read(B_IOVA, bad), p.sge_a(0, 16));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::RemAccessErr);
 }
@@ -218,7 +140,7 @@ fn wrong_key_byte_and_missing_rights() {
 fn send_longer_than_the_receive() {
     let mut p = Pair::new(7, &Params::default());
     p.recv_b(1, 0, 100);
-    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 2000));
+    p.post(1, SendOp::send(), p.sge_a(0, 2000));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::RemOpErr);
     assert_eq!(p.completions(1)[0].status, WcStatus::LocLenErr);
@@ -231,14 +153,14 @@ fn rnr_retry_exceeded_and_not() {
         ..Params::default()
     };
     let mut p = Pair::new(8, &params);
-    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 10));
+    p.post(1, SendOp::send(), p.sge_a(0, 10));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::RnrRetryExcErr);
     // The first try and two retries were refused.
     assert_eq!(p.c.nics[1].counters().send_rnr_err, 3);
 
     let mut p = Pair::new(9, &params);
-    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 10));
+    p.post(1, SendOp::send(), p.sge_a(0, 10));
     // Let one RNR NAK happen, then post the receive.
     let until = p.c.now + Duration::from_micros(12);
     p.c.run(until, 1000);
@@ -260,24 +182,8 @@ fn peer_gone_exactly_retry_cnt_plus_one_timeouts() {
     let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
     p.c.net.partition(a, b);
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
+    p.post(2, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
     let start = p.c.now;
     p.run();
     let c = p.completions(0);
@@ -311,22 +217,11 @@ fn lossy_link_still_delivers_exactly_once() {
     for i in 0..8u64 {
         p.post(
             i,
-            SendOp::Write {
-                remote_addr: B_IOVA + i * 8192,
-                rkey,
-                imm: None,
-            },
+            SendOp::write(B_IOVA + i * 8192, rkey),
             p.sge_a(i * 8192, 8192),
         );
     }
-    p.post(
-        100,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        p.sge_a(100_000, 65536),
-    );
+    p.post(100, SendOp::read(B_IOVA, rkey), p.sge_a(100_000, 65536));
     p.run();
     let c = p.completions(0);
     assert_eq!(c.len(), 9);
@@ -364,26 +259,10 @@ fn inline_data_needs_no_memory_region_and_survives_retransmission() {
     let rkey = p.b.mr.rkey;
     let now = p.c.now;
     let qpn = p.a.qpn;
-    for (id, op) in [
-        (1, SendOp::Send { imm: None }),
-        (
-            2,
-            SendOp::Write {
-                remote_addr: B_IOVA + 1000,
-                rkey,
-                imm: None,
-            },
-        ),
-    ] {
-        let wr = rnic_core::wr::SendWr {
-            wr_id: id,
-            op,
-            sg_list: SgList::new(), // ignored: the bytes travel with the request
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: Some(InlineData::from_slice(&msg)),
-        };
+    for (id, op) in [(1, SendOp::send()), (2, SendOp::write(B_IOVA + 1000, rkey))] {
+        // The list is ignored: the bytes travel with the request.
+        let wr = rnic_core::wr::SendWr::new(id, op, SgList::new())
+            .inline(Some(InlineData::from_slice(&msg)));
         p.c.nics[0].post_send(now, qpn, wr).unwrap();
     }
     p.run();
@@ -395,25 +274,9 @@ fn inline_data_needs_no_memory_region_and_survives_retransmission() {
     assert_eq!(p.read(1, 0, 200), msg);
     assert_eq!(p.read(1, 1000, 200), msg);
     // READ takes no inline data, and the device takes at most 256 bytes.
-    for (op, len) in [
-        (
-            SendOp::Read {
-                remote_addr: B_IOVA,
-                rkey,
-            },
-            8,
-        ),
-        (SendOp::Send { imm: None }, 257),
-    ] {
-        let wr = rnic_core::wr::SendWr {
-            wr_id: 9,
-            op,
-            sg_list: p.sge_a(0, 8),
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: Some(InlineData::from_elem(0, len)),
-        };
+    for (op, len) in [(SendOp::read(B_IOVA, rkey), 8), (SendOp::send(), 257)] {
+        let wr = rnic_core::wr::SendWr::new(9, op, p.sge_a(0, 8))
+            .inline(Some(InlineData::from_elem(0, len)));
         let now = p.c.now;
         assert!(matches!(
             p.c.nics[0].post_send(now, qpn, wr),
@@ -444,11 +307,7 @@ fn a_message_longer_than_the_in_flight_window_asks_for_acks_on_the_way() {
         .unwrap();
     p.post(
         1,
-        SendOp::Write {
-            remote_addr: 0x8_0000_0000,
-            rkey: dst.rkey,
-            imm: None,
-        },
+        SendOp::write(0x8_0000_0000, dst.rkey),
         sg_list![rnic_core::wr::Sge {
             addr: 0x7_0000_0000,
             length: len as u32,
@@ -514,11 +373,7 @@ fn acks_queued_together_coalesce_into_the_last() {
     // WRITE, FETCH_ADD, WRITE in one batch: the atomic's response, then
     // the second WRITE's ACK, which says what the first WRITE's did.
     p.post_write_to_b(8, B_IOVA, p.sge_a(0, 64));
-    let add = SendOp::FetchAdd {
-        remote_addr: B_IOVA + 1024,
-        rkey: p.b.mr.rkey,
-        add: 1,
-    };
+    let add = SendOp::fetch_add(B_IOVA + 1024, p.b.mr.rkey, 1);
     p.post(9, add, p.sge_a(1024, 8));
     p.post_write_to_b(10, B_IOVA + 64, p.sge_a(64, 64));
     let requests = take_tx(&mut p.c.nics[0]);
@@ -559,16 +414,9 @@ fn query_reports_the_psns_as_they_stand() {
     let rkey = p.b.mr.rkey;
     let before = p.c.nics[0].query_qp(p.a.qpn).unwrap();
     assert_eq!(before.sq_psn, 0xFF_FFF0);
-    let write = SendOp::Write {
-        remote_addr: B_IOVA,
-        rkey,
-        imm: None,
-    };
+    let write = SendOp::write(B_IOVA, rkey);
     p.post(1, write, p.sge_a(0, 5000));
-    let read = SendOp::Read {
-        remote_addr: B_IOVA,
-        rkey,
-    };
+    let read = SendOp::read(B_IOVA, rkey);
     p.post(2, read, p.sge_a(10_000, 5000));
     p.run();
     assert_eq!(p.completions(0).len(), 2);
@@ -580,11 +428,7 @@ fn query_reports_the_psns_as_they_stand() {
     // Nothing went the other way: B's send queue and A's receive queue
     // stand where they began.
     assert_eq!((b.sq_psn, a.rq_psn), (0x00_b000, 0x00_b000));
-    let more = SendOp::Write {
-        remote_addr: B_IOVA,
-        rkey,
-        imm: None,
-    };
+    let more = SendOp::write(B_IOVA, rkey);
     p.post(3, more, p.sge_a(0, 8 * 1024));
     p.run();
     // Eight more: past the wrap.
@@ -603,10 +447,7 @@ fn query_reports_the_psns_as_they_stand() {
 fn a_reordered_read_response_asks_nothing_again() {
     let mut p = Pair::new(1, &Params::default());
     let rkey = p.b.mr.rkey;
-    let read = SendOp::Read {
-        remote_addr: B_IOVA,
-        rkey,
-    };
+    let read = SendOp::read(B_IOVA, rkey);
     p.post(1, read, p.sge_a(0, 4096));
     let now = p.c.now;
     let take = |nic: &mut rnic_core::Nic| -> Vec<_> {
@@ -644,11 +485,7 @@ fn a_reordered_read_response_asks_nothing_again() {
 fn a_loss_halves_the_window_and_acks_open_it() {
     let mut p = Pair::new(1, &Params::default());
     let rkey = p.b.mr.rkey;
-    let write = SendOp::Write {
-        remote_addr: B_IOVA,
-        rkey,
-        imm: None,
-    };
+    let write = SendOp::write(B_IOVA, rkey);
     p.post(1, write, p.sge_a(0, 64 * 1024));
     let now = p.c.now;
     let take = |nic: &mut rnic_core::Nic| -> Vec<_> {

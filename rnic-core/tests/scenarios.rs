@@ -26,15 +26,7 @@ fn implied_nak_sequence_error_then_partial_write_retry() {
         times: 1,
     });
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 5000),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 5000));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
     assert_eq!(p.read(1, 0, 5000), data);
@@ -70,24 +62,8 @@ fn implied_nak_with_the_retry_limit_exceeded() {
         times: u32::MAX,
     });
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 3000),
-    );
-    p.post(
-        2,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 3000));
+    p.post(2, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
     p.run();
     let c = p.completions(0);
     assert_eq!(
@@ -111,15 +87,7 @@ fn local_ack_timeout_then_duplicate_re_acked() {
     });
     let rkey = p.b.mr.rkey;
     let start = p.c.now;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 64),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 64));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
     // Executed once; the retransmission was a duplicate, answered with an ACK.
@@ -137,15 +105,7 @@ fn partial_read_retry_asks_only_for_what_is_missing() {
     // Put known bytes at B with a WRITE first.
     let data: Vec<u8> = (0..5000u32).map(|i| (i * 13 + 1) as u8).collect();
     p.write_a(0, &data);
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 5000),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 5000));
     p.run();
     let read_psn = psn(A_PSN).add(5);
     p.c.net.drop_rule(DropRule {
@@ -154,14 +114,7 @@ fn partial_read_retry_asks_only_for_what_is_missing() {
         psn: Some(read_psn.add(2)),
         times: 1,
     });
-    p.post(
-        2,
-        SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        p.sge_a(20_000, 5000),
-    );
+    p.post(2, SendOp::read(B_IOVA, rkey), p.sge_a(20_000, 5000));
     p.run();
     assert!(p
         .completions(0)
@@ -204,15 +157,7 @@ fn ghost_ack_is_ignored() {
     assert_eq!(p.c.nics[0].counters().ghost_or_duplicate_response, 1);
     // And the QP works on.
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
 }
@@ -228,15 +173,7 @@ fn bad_response_fails_the_request() {
         times: u32::MAX,
     });
     let rkey = p.b.mr.rkey;
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 8),
-    );
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
     let mut ib = IbRepr::new(bth::Repr::new(
         Opcode::RC_RDMA_READ_RESPONSE_ONLY,
         p.a.qpn,
@@ -292,10 +229,7 @@ fn rkey_violation_on_the_wire() {
     let rkey = p.b.mr.rkey;
     p.post(
         1,
-        SendOp::Read {
-            remote_addr: B_IOVA + REGION as u64,
-            rkey,
-        },
+        SendOp::read(B_IOVA + REGION as u64, rkey),
         p.sge_a(0, 16),
     );
     p.run();
@@ -317,15 +251,7 @@ fn psns_wrap_and_b_psns_are_its_own() {
     let (mut p, a, b) = pair(39, &Params::default());
     let rkey = p.b.mr.rkey;
     for i in 0..20 {
-        p.post(
-            i,
-            SendOp::Write {
-                remote_addr: B_IOVA,
-                rkey,
-                imm: None,
-            },
-            p.sge_a(0, 8),
-        );
+        p.post(i, SendOp::write(B_IOVA, rkey), p.sge_a(0, 8));
     }
     p.run();
     assert!(p
@@ -424,10 +350,7 @@ fn a_slow_responder_draining_its_backlog_is_not_timed_out() {
         times: 1,
     });
     for k in 0..16u64 {
-        let op = SendOp::Read {
-            remote_addr: B_IOVA + k * 4096,
-            rkey,
-        };
+        let op = SendOp::read(B_IOVA + k * 4096, rkey);
         let sg = p.sge_a(128 * 1024 + k * 4096, 4096);
         p.post(10 + k, op, sg);
     }
@@ -533,20 +456,8 @@ fn timers_are_a_heap_that_idle_qps_do_not_fill() {
     let now = p.c.now;
     p.c.nics[0].to_rts(now, waiting, &attr).unwrap();
     let rkey = p.b.mr.rkey;
-    let op = SendOp::Write {
-        remote_addr: B_IOVA,
-        rkey,
-        imm: None,
-    };
-    let wr = rnic_core::wr::SendWr {
-        wr_id: 99,
-        op,
-        sg_list: p.sge_a(0, 8),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let op = SendOp::write(B_IOVA, rkey);
+    let wr = rnic_core::wr::SendWr::new(99, op, p.sge_a(0, 8));
     p.c.nics[0].post_send(now, waiting, wr).unwrap();
     let sg = p.sge_a(0, data.len() as u32);
     p.post_write_to_b(1, B_IOVA, sg);

@@ -87,19 +87,15 @@ fn two_qps_share_one_receive_queue() {
 
     // A 64-byte SEND from A's QP q; `send` also runs the cluster until idle.
     let post = |c: &mut Cluster, q: usize, id: u64| {
-        let wr = SendWr {
-            wr_id: id,
-            op: SendOp::Send { imm: None },
-            sg_list: sg_list![Sge {
+        let wr = SendWr::new(
+            id,
+            SendOp::send(),
+            sg_list![Sge {
                 addr: 0x1000,
                 length: 64,
                 lkey: keys[0],
             }],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        };
+        );
         let now = c.now;
         c.nics[0].post_send(now, qps[0][q], wr).unwrap();
     };

@@ -38,16 +38,8 @@ fn write_and_send_without_acks() {
     p.write_a(0, &data);
     let rkey = p.b.mr.rkey;
     p.recv_b(7, 100_000, 4096);
-    p.post(
-        1,
-        SendOp::Write {
-            remote_addr: B_IOVA,
-            rkey,
-            imm: None,
-        },
-        p.sge_a(0, 3000),
-    );
-    p.post(2, SendOp::Send { imm: Some(3) }, p.sge_a(0, 3000));
+    p.post(1, SendOp::write(B_IOVA, rkey), p.sge_a(0, 3000));
+    p.post(2, SendOp::send_imm(3), p.sge_a(0, 3000));
     p.run();
     assert!(p
         .completions(0)
@@ -85,8 +77,8 @@ fn a_lost_packet_drops_its_message_and_the_receive_serves_the_next() {
         psn: Some(Psn::new(0xFF_FFF1)),
         times: 1,
     });
-    p.post(1, SendOp::Send { imm: None }, p.sge_a(0, 3000));
-    p.post(2, SendOp::Send { imm: None }, p.sge_a(4096, 2000));
+    p.post(1, SendOp::send(), p.sge_a(0, 3000));
+    p.post(2, SendOp::send(), p.sge_a(4096, 2000));
     p.run();
     // The requester cannot know: both succeed.
     assert!(p
@@ -107,18 +99,7 @@ fn read_and_atomics_are_refused_on_uc() {
     let mut p = Pair::new(53, &uc());
     let rkey = p.b.mr.rkey;
     let now = p.c.now;
-    let wr = rnic_core::wr::SendWr {
-        wr_id: 1,
-        op: SendOp::Read {
-            remote_addr: B_IOVA,
-            rkey,
-        },
-        sg_list: p.sge_a(0, 8),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let wr = rnic_core::wr::SendWr::new(1, SendOp::read(B_IOVA, rkey), p.sge_a(0, 8));
     let qpn = p.a.qpn;
     assert!(matches!(
         p.c.nics[0].post_send(now, qpn, wr),
@@ -155,7 +136,7 @@ mod props {
                 p.recv_b(i as u64, i as u64 * 4096, 4096);
             }
             for (i, &n) in sizes.iter().enumerate() {
-                p.post(i as u64, SendOp::Send { imm: None }, p.sge_a(i as u64 * 4096, n));
+                p.post(i as u64, SendOp::send(), p.sge_a(i as u64 * 4096, n));
             }
             p.run();
             prop_assert!(p.completions(0).iter().all(|c| c.status == WcStatus::Success));
@@ -177,8 +158,8 @@ fn a_local_error_stops_the_send_queue_only_until_rts_again() {
     let rkey_a = p.a.mr.rkey;
     let mut bad = p.sge_a(0, 64);
     bad[0].lkey ^= 0x80;
-    p.post(1, SendOp::Send { imm: None }, bad);
-    p.post(2, SendOp::Send { imm: None }, p.sge_a(0, 64));
+    p.post(1, SendOp::send(), bad);
+    p.post(2, SendOp::send(), p.sge_a(0, 64));
     p.run();
     let c = p.completions(0);
     let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
@@ -197,23 +178,15 @@ fn a_local_error_stops_the_send_queue_only_until_rts_again() {
         .post_send(
             now,
             b_qpn,
-            SendWr {
-                wr_id: 5,
-                op: SendOp::Write {
-                    remote_addr: A_IOVA + 200_000,
-                    rkey: rkey_a,
-                    imm: None,
-                },
-                sg_list: sg_list![Sge {
+            SendWr::new(
+                5,
+                SendOp::write(A_IOVA + 200_000, rkey_a),
+                sg_list![Sge {
                     addr: B_IOVA,
                     length: 8,
                     lkey: b_lkey,
                 }],
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            },
+            ),
         )
         .unwrap();
     p.run();
@@ -228,7 +201,7 @@ fn a_local_error_stops_the_send_queue_only_until_rts_again() {
         .modify_qp(now, a_qpn, &attr, AttrMask::STATE)
         .unwrap();
     p.recv_b(7, 0, 64);
-    p.post(3, SendOp::Send { imm: None }, p.sge_a(0, 64));
+    p.post(3, SendOp::send(), p.sge_a(0, 64));
     p.run();
     assert_eq!(p.completions(0)[0].status, WcStatus::Success);
     assert_eq!(p.completions(1)[0].wr_id, 7);

@@ -48,19 +48,15 @@ fn send(
     len: u32,
     imm: Option<u32>,
 ) -> Result<(), VerbError> {
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::Send { imm },
-        sg_list: sg_list![Sge {
+    let wr = SendWr::new(
+        1,
+        SendOp::Send { imm },
+        sg_list![Sge {
             addr: 0x1000,
             length: len,
             lkey: from.lkey,
         }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    );
     let now = c.now;
     c.nics[i].post_send_ud(now, from.qpn, wr, to)
 }
@@ -249,18 +245,7 @@ fn ud_rules() {
     );
     // post_send is for connected QPs; UD carries SENDs only.
     let now = c.now;
-    let wr = SendWr {
-        wr_id: 2,
-        op: SendOp::Read {
-            remote_addr: 0,
-            rkey: 0,
-        },
-        sg_list: sg_list![],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let wr = SendWr::new(2, SendOp::read(0, 0), sg_list![]);
     assert!(c.nics[0].post_send(now, a.qpn, wr.clone()).is_err());
     assert!(c.nics[0]
         .post_send_ud(
@@ -279,19 +264,15 @@ fn ud_rules() {
     // error, and nothing sent (the packet was being built when the gather
     // failed).
     let sent = c.nics[0].counters().sent_pkts;
-    let wr = SendWr {
-        wr_id: 3,
-        op: SendOp::Send { imm: None },
-        sg_list: sg_list![Sge {
+    let wr = SendWr::new(
+        3,
+        SendOp::send(),
+        sg_list![Sge {
             addr: 0x1000 + 65536 - 4,
             length: 8,
             lkey: a.lkey,
         }],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    );
     c.nics[0].post_send_ud(now, a.qpn, wr, to_b).unwrap();
     let done = c.nics[0].poll_cq(a.cq, 8).unwrap();
     assert_eq!((done[0].wr_id, done[0].status), (3, WcStatus::LocProtErr));

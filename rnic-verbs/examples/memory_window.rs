@@ -11,15 +11,7 @@ use rnic_verbs::*;
 const T: Duration = Duration::from_secs(5);
 
 fn wr(wr_id: u64, op: SendOp, sg_list: SgList) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list,
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(wr_id, op, sg_list)
 }
 
 fn main() -> Result<()> {
@@ -48,11 +40,7 @@ fn main() -> Result<()> {
     let write = |wr_id, rkey| {
         qp_a.post_send(wr(
             wr_id,
-            SendOp::Write {
-                remote_addr: mr_b.addr() + 1024,
-                rkey,
-                imm: None,
-            },
+            SendOp::write(mr_b.addr() + 1024, rkey),
             sg_list![mr_a.sge(0, 18)],
         ))
     };

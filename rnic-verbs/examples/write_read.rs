@@ -36,32 +36,15 @@ fn main() -> Result<()> {
     let msg = b"hello from A, placed by the NIC";
     mr_a.write(0, msg);
     let post = |wr_id, op| {
-        qp_a.post_send(SendWr {
+        qp_a.post_send(SendWr::new(
             wr_id,
             op,
-            sg_list: sg_list![mr_a.sge(if wr_id == 1 { 0 } else { 4096 }, msg.len() as u32)],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })
+            sg_list![mr_a.sge(if wr_id == 1 { 0 } else { 4096 }, msg.len() as u32)],
+        ))
     };
     for (wr_id, op) in [
-        (
-            1,
-            SendOp::Write {
-                remote_addr: mr_b.addr(),
-                rkey: mr_b.rkey(),
-                imm: None,
-            },
-        ),
-        (
-            2,
-            SendOp::Read {
-                remote_addr: mr_b.addr(),
-                rkey: mr_b.rkey(),
-            },
-        ),
+        (1, SendOp::write(mr_b.addr(), mr_b.rkey())),
+        (2, SendOp::read(mr_b.addr(), mr_b.rkey())),
     ] {
         cq_a.req_notify();
         post(wr_id, op)?;

@@ -364,22 +364,21 @@ impl QueuePair {
         new_rkey: u32,
         signaled: bool,
     ) -> Result<()> {
-        self.post_send(SendWr {
-            wr_id,
-            op: SendOp::BindMw(MwBind {
-                mw_rkey: mw.rkey(),
-                new_rkey,
-                mr_lkey,
-                addr,
-                length,
-                access,
-            }),
-            sg_list: SgList::new(),
-            signaled,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })?;
+        self.post_send(
+            SendWr::new(
+                wr_id,
+                SendOp::BindMw(MwBind {
+                    mw_rkey: mw.rkey(),
+                    new_rkey,
+                    mr_lkey,
+                    addr,
+                    length,
+                    access,
+                }),
+                SgList::new(),
+            )
+            .signaled(signaled),
+        )?;
         mw.rkey.store(new_rkey, Ordering::Relaxed);
         Ok(())
     }

@@ -37,19 +37,11 @@ fn two_thousand_connections_leave_both_devices_as_they_were() {
         let tag = (i as u64).to_le_bytes();
         assert!(mrs[0].write(0, &tag));
         qps[0]
-            .post_send(SendWr {
-                wr_id: i as u64,
-                op: SendOp::Write {
-                    remote_addr: mrs[1].addr(),
-                    rkey: mrs[1].rkey(),
-                    imm: None,
-                },
-                sg_list: vec![mrs[0].sge(0, 8)].into(),
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            })
+            .post_send(SendWr::new(
+                i as u64,
+                SendOp::write(mrs[1].addr(), mrs[1].rkey()),
+                vec![mrs[0].sge(0, 8)].into(),
+            ))
             .unwrap();
         let c = cqs[0].wait(WAIT).unwrap();
         assert_eq!((c.wr_id, c.status), (i as u64, WcStatus::Success));

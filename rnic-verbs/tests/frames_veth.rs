@@ -393,29 +393,14 @@ fn veth_peer() {
             let msg: Vec<u8> = (0..SEND_LEN).map(|i| pattern(i, round + 1)).collect();
             mr.write(SEND_AT, &msg);
             let peer = theirs.buffer.unwrap();
-            let wr = |wr_id, op, sg| SendWr {
-                wr_id,
-                op,
-                sg_list: sg,
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            };
-            let write = SendOp::Write {
-                remote_addr: peer.va,
-                rkey: peer.rkey,
-                imm: None,
-            };
+            let wr = |wr_id, op, sg| SendWr::new(wr_id, op, sg);
+            let write = SendOp::write(peer.va, peer.rkey);
             qp.post_send(wr(1, write, sg_list![mr.sge(0, LEN as u32)]))
                 .unwrap();
-            let read = SendOp::Read {
-                remote_addr: peer.va,
-                rkey: peer.rkey,
-            };
+            let read = SendOp::read(peer.va, peer.rkey);
             qp.post_send(wr(2, read, sg_list![mr.sge(READ_AT, LEN as u32)]))
                 .unwrap();
-            let send = SendOp::Send { imm: None };
+            let send = SendOp::send();
             let sg = sg_list![mr.sge(SEND_AT, SEND_LEN as u32)];
             qp.post_send(wr(3, send, sg)).unwrap();
             for id in 1..=3 {

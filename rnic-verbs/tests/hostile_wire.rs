@@ -217,19 +217,11 @@ fn transfer_counted(a: &End, b: &End, round: u8, done: &AtomicU64) {
     while completed < chunks {
         while posted < chunks && posted - completed < DEPTH {
             let off = posted * CHUNK;
-            let wr = SendWr {
-                wr_id: posted as u64,
-                op: SendOp::Write {
-                    remote_addr: b.mr.addr() + off as u64,
-                    rkey: b.mr.rkey(),
-                    imm: None,
-                },
-                sg_list: vec![a.mr.sge(off, CHUNK as u32)].into(),
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            };
+            let wr = SendWr::new(
+                posted as u64,
+                SendOp::write(b.mr.addr() + off as u64, b.mr.rkey()),
+                vec![a.mr.sge(off, CHUNK as u32)].into(),
+            );
             a.qp.post_send(wr).unwrap();
             posted += 1;
         }
@@ -454,19 +446,11 @@ fn guessed_rkeys_open_nothing() {
     assert_eq!(refused, TRIES, "every guess refused");
     // The connection still works.
     assert!(a.mr.write(0, &[7; 64]));
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::Write {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-            imm: None,
-        },
-        sg_list: vec![a.mr.sge(0, 64)].into(),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let wr = SendWr::new(
+        1,
+        SendOp::write(b.mr.addr(), b.mr.rkey()),
+        vec![a.mr.sge(0, 64)].into(),
+    );
     // The attacker moved B's expected PSN; UC takes a new message anywhere.
     a.qp.post_send(wr).unwrap();
     assert_eq!(

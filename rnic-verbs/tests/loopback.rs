@@ -44,15 +44,7 @@ fn pair() -> (Side, Side) {
 }
 
 fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: sg_list.into(),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(wr_id, op, sg_list.into())
 }
 
 const T: Duration = Duration::from_secs(10);
@@ -67,20 +59,13 @@ fn every_operation_over_udp() {
     let remote = b.mr.addr();
     a.qp.post_send(wr(
         1,
-        SendOp::Write {
-            remote_addr: remote,
-            rkey: b.mr.rkey(),
-            imm: None,
-        },
+        SendOp::write(remote, b.mr.rkey()),
         vec![a.mr.sge(0, 10_000)],
     ))
     .unwrap();
     a.qp.post_send(wr(
         2,
-        SendOp::Read {
-            remote_addr: remote,
-            rkey: b.mr.rkey(),
-        },
+        SendOp::read(remote, b.mr.rkey()),
         vec![a.mr.sge(20_000, 10_000)],
     ))
     .unwrap();
@@ -103,12 +88,8 @@ fn every_operation_over_udp() {
         sg_list: sg_list![b.mr.sge(40_000, 4096)],
     })
     .unwrap();
-    a.qp.post_send(wr(
-        3,
-        SendOp::Send { imm: Some(0x1234) },
-        vec![a.mr.sge(0, 3000)],
-    ))
-    .unwrap();
+    a.qp.post_send(wr(3, SendOp::send_imm(0x1234), vec![a.mr.sge(0, 3000)]))
+        .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::Success);
     let r = b.cq.wait(T).unwrap();
     assert_eq!(
@@ -120,22 +101,13 @@ fn every_operation_over_udp() {
     let before = u64::from_ne_bytes(data[..8].try_into().unwrap());
     a.qp.post_send(wr(
         4,
-        SendOp::FetchAdd {
-            remote_addr: remote,
-            rkey: b.mr.rkey(),
-            add: 5,
-        },
+        SendOp::fetch_add(remote, b.mr.rkey(), 5),
         vec![a.mr.sge(50_000, 8)],
     ))
     .unwrap();
     a.qp.post_send(wr(
         5,
-        SendOp::CompareSwap {
-            remote_addr: remote,
-            rkey: b.mr.rkey(),
-            compare: before + 5,
-            swap: 42,
-        },
+        SendOp::compare_swap(remote, b.mr.rkey(), before + 5, 42),
         vec![a.mr.sge(50_008, 8)],
     ))
     .unwrap();
@@ -156,21 +128,13 @@ fn bad_rkey_is_a_remote_access_error() {
     let (a, b) = pair();
     a.qp.post_send(wr(
         1,
-        SendOp::Write {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey() ^ 0xFF,
-            imm: None,
-        },
+        SendOp::write(b.mr.addr(), b.mr.rkey() ^ 0xFF),
         vec![a.mr.sge(0, 8)],
     ))
     .unwrap();
     a.qp.post_send(wr(
         2,
-        SendOp::Write {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-            imm: None,
-        },
+        SendOp::write(b.mr.addr(), b.mr.rkey()),
         vec![a.mr.sge(0, 8)],
     ))
     .unwrap();
@@ -187,7 +151,7 @@ fn no_receive_posted_exhausts_rnr_retries() {
     };
     a.qp.connect(&b.qp.endpoint(), &o).unwrap();
     b.qp.connect(&a.qp.endpoint(), &o).unwrap();
-    a.qp.post_send(wr(1, SendOp::Send { imm: None }, vec![a.mr.sge(0, 8)]))
+    a.qp.post_send(wr(1, SendOp::send(), vec![a.mr.sge(0, 8)]))
         .unwrap();
     assert_eq!(a.cq.wait(T).unwrap().status, WcStatus::RnrRetryExcErr);
 }
@@ -205,10 +169,7 @@ fn a_qp_in_error_flushes_its_work_requests() {
     }
     b.qp.post_send(wr(
         1,
-        SendOp::Read {
-            remote_addr: a.mr.addr(),
-            rkey: a.mr.rkey() ^ 0x80,
-        },
+        SendOp::read(a.mr.addr(), a.mr.rkey() ^ 0x80),
         vec![b.mr.sge(0, 8)],
     ))
     .unwrap();
@@ -223,7 +184,7 @@ fn a_qp_in_error_flushes_its_work_requests() {
         vec![10, 11, 12]
     );
     // Work posted to a QP in ERR completes at once, flushed.
-    b.qp.post_send(wr(2, SendOp::Send { imm: None }, vec![b.mr.sge(0, 8)]))
+    b.qp.post_send(wr(2, SendOp::send(), vec![b.mr.sge(0, 8)]))
         .unwrap();
     assert_eq!(b.cq.wait(T).unwrap().status, WcStatus::WrFlushErr);
 }
@@ -269,7 +230,7 @@ fn ud_over_udp() {
     mra.write(0, b"datagram");
     let ah = pda.create_ah(b.addr());
     qa.post_send_ud(
-        wr(1, SendOp::Send { imm: None }, vec![mra.sge(0, 8)]),
+        wr(1, SendOp::send(), vec![mra.sge(0, 8)]),
         &ah,
         qb.qpn(),
         0x1111_1111,
@@ -318,12 +279,8 @@ fn uc_and_an_srq_shared_by_two_qps() {
         pairs.push((qa, qb));
     }
     for (i, (qa, _)) in pairs.iter().enumerate() {
-        qa.post_send(wr(
-            i as u64,
-            SendOp::Send { imm: None },
-            vec![mra.sge(0, 100)],
-        ))
-        .unwrap();
+        qa.post_send(wr(i as u64, SendOp::send(), vec![mra.sge(0, 100)]))
+            .unwrap();
         assert_eq!(cqa.wait(T).unwrap().status, WcStatus::Success);
         let r = cqb.wait(T).unwrap();
         assert_eq!(
@@ -421,16 +378,8 @@ fn windows_atomic_write_and_flush_on_page_backed_memory() {
     assert_eq!(ca.wait(T).unwrap().status, WcStatus::Success);
     let r = cb.wait(T).unwrap();
     assert_eq!((r.wr_id, r.invalidated_rkey), (9, Some(win)));
-    qa.post_send(wr(
-        5,
-        SendOp::Write {
-            remote_addr: at,
-            rkey: win,
-            imm: None,
-        },
-        vec![ma.sge(0, 8)],
-    ))
-    .unwrap();
+    qa.post_send(wr(5, SendOp::write(at, win), vec![ma.sge(0, 8)]))
+        .unwrap();
     assert_eq!(ca.wait(T).unwrap().status, WcStatus::RemAccessErr);
 }
 
@@ -458,11 +407,7 @@ fn a_completion_channel_wakes_poll_once_per_arming() {
     let write = |id| {
         qa.post_send(wr(
             id,
-            SendOp::Write {
-                remote_addr: mb.addr(),
-                rkey: mb.rkey(),
-                imm: None,
-            },
+            SendOp::write(mb.addr(), mb.rkey()),
             vec![ma.sge(0, 8)],
         ))
         .unwrap()
@@ -534,11 +479,7 @@ fn a_one_gib_write_arrives_intact() {
     }
     qa.post_send(wr(
         1,
-        SendOp::Write {
-            remote_addr: mb.addr(),
-            rkey: mb.rkey(),
-            imm: None,
-        },
+        SendOp::write(mb.addr(), mb.rkey()),
         vec![ma.sge(0, GIB as u32)],
     ))
     .unwrap();
@@ -563,11 +504,7 @@ fn the_callers_own_buffer_is_written_in_place_and_given_back() {
     assert!(a.mr.write(0, b"placed by the NIC"));
     a.qp.post_send(wr(
         1,
-        SendOp::Write {
-            remote_addr: mr.addr() + 100,
-            rkey: mr.rkey(),
-            imm: None,
-        },
+        SendOp::write(mr.addr() + 100, mr.rkey()),
         vec![a.mr.sge(0, 17)],
     ))
     .unwrap();
@@ -587,11 +524,7 @@ fn source_ports_of_writes(a: &Side, b: &Side, n: u64) -> Vec<u16> {
     for id in 0..n {
         a.qp.post_send(wr(
             id,
-            SendOp::Write {
-                remote_addr: b.mr.addr(),
-                rkey: b.mr.rkey(),
-                imm: None,
-            },
+            SendOp::write(b.mr.addr(), b.mr.rkey()),
             vec![a.mr.sge(0, 64)],
         ))
         .unwrap();
@@ -725,15 +658,7 @@ fn builder_modify_and_query_as_ibv_modify_qp_does() {
     );
     // Two SGEs allowed, three refused at post time.
     let mr = pd.register(64, Access::LOCAL_WRITE).unwrap();
-    let wr = SendWr {
-        wr_id: 1,
-        op: SendOp::Send { imm: None },
-        sg_list: sg_list![mr.sge(0, 8); 3],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let wr = SendWr::new(1, SendOp::send(), sg_list![mr.sge(0, 8); 3]);
     assert!(matches!(
         qp.post_send(wr),
         Err(Error::Verb(VerbError::TooManySge { given: 3, max: 2 }))
@@ -818,8 +743,7 @@ fn impaired_links_lose_nothing() {
         for j in 0..BATCH {
             let slot = (j as usize) * SLOT;
             let sge = ma.sge(slot, size(k + j) as u32);
-            qa.post_send(wr(k + j, SendOp::Send { imm: None }, vec![sge]))
-                .unwrap();
+            qa.post_send(wr(k + j, SendOp::send(), vec![sge])).unwrap();
         }
         for j in 0..BATCH {
             let c = ca.wait(T).unwrap();

@@ -13,19 +13,11 @@ use rnic_verbs::*;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn write(wr_id: u64, to: &MemoryRegion, from: &MemoryRegion, len: u32) -> SendWr {
-    SendWr {
+    SendWr::new(
         wr_id,
-        op: SendOp::Write {
-            remote_addr: to.addr(),
-            rkey: to.rkey(),
-            imm: None,
-        },
-        sg_list: vec![from.sge(0, len)].into(),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+        SendOp::write(to.addr(), to.rkey()),
+        vec![from.sge(0, len)].into(),
+    )
 }
 
 struct Peer {
@@ -79,11 +71,7 @@ fn a_dead_peer_ends_in_retry_exceeded_and_a_restarted_one_works() {
     drop(b);
     let t0 = Instant::now();
     a.qp.post_send(SendWr {
-        op: SendOp::Write {
-            remote_addr: old_addr,
-            rkey: old_rkey,
-            imm: None,
-        },
+        op: SendOp::write(old_addr, old_rkey),
         ..write(2, &a.mr, &a.mr, 5)
     })
     .unwrap();

@@ -14,15 +14,7 @@ const T: Duration = Duration::from_secs(20);
 const LEN: usize = 65536;
 
 fn wr(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: sg_list.into(),
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(wr_id, op, sg_list.into())
 }
 
 /// The target: a QP, a region and a memory window; it checks the receives
@@ -161,58 +153,30 @@ fn every_operation_between_two_processes() {
     mr.write(64, &7u64.to_ne_bytes());
     let (va, rkey) = (b.va, b.rkey);
     let ops: Vec<(SendOp, Vec<Sge>, WcOpcode)> = vec![
+        (SendOp::send(), vec![mr.sge(0, 4)], WcOpcode::Send),
+        (SendOp::send_imm(0xAB), vec![mr.sge(4, 4)], WcOpcode::Send),
         (
-            SendOp::Send { imm: None },
-            vec![mr.sge(0, 4)],
-            WcOpcode::Send,
-        ),
-        (
-            SendOp::Send { imm: Some(0xAB) },
-            vec![mr.sge(4, 4)],
-            WcOpcode::Send,
-        ),
-        (
-            SendOp::Write {
-                remote_addr: va,
-                rkey,
-                imm: None,
-            },
+            SendOp::write(va, rkey),
             vec![mr.sge(0, 16)],
             WcOpcode::RdmaWrite,
         ),
         (
-            SendOp::Write {
-                remote_addr: va + 16,
-                rkey,
-                imm: Some(0xCD),
-            },
+            SendOp::write_imm(va + 16, rkey, 0xCD),
             vec![mr.sge(8, 8)],
             WcOpcode::RdmaWrite,
         ),
         (
-            SendOp::Read {
-                remote_addr: va,
-                rkey,
-            },
+            SendOp::read(va, rkey),
             vec![mr.sge(1024, 24)],
             WcOpcode::RdmaRead,
         ),
         (
-            SendOp::CompareSwap {
-                remote_addr: va + 4096,
-                rkey,
-                compare: 0,
-                swap: 41,
-            },
+            SendOp::compare_swap(va + 4096, rkey, 0, 41),
             vec![mr.sge(2048, 8)],
             WcOpcode::CompSwap,
         ),
         (
-            SendOp::FetchAdd {
-                remote_addr: va + 4096,
-                rkey,
-                add: 1,
-            },
+            SendOp::fetch_add(va + 4096, rkey, 1),
             vec![mr.sge(2056, 8)],
             WcOpcode::FetchAdd,
         ),
@@ -237,19 +201,12 @@ fn every_operation_between_two_processes() {
             WcOpcode::Flush,
         ),
         (
-            SendOp::Read {
-                remote_addr: va + 4096,
-                rkey,
-            },
+            SendOp::read(va + 4096, rkey),
             vec![mr.sge(3072, 16)],
             WcOpcode::RdmaRead,
         ),
         (
-            SendOp::Write {
-                remote_addr: win.va,
-                rkey: win.rkey,
-                imm: None,
-            },
+            SendOp::write(win.va, win.rkey),
             vec![mr.sge(0, 8)],
             WcOpcode::RdmaWrite,
         ),
@@ -287,16 +244,8 @@ fn every_operation_between_two_processes() {
     assert_eq!(atomics[..8], 42u64.to_ne_bytes());
     assert_eq!(&atomics[8..], b"ATOMIC-W");
     // The window is closed now.
-    qp.post_send(wr(
-        99,
-        SendOp::Write {
-            remote_addr: win.va,
-            rkey: win.rkey,
-            imm: None,
-        },
-        vec![mr.sge(0, 8)],
-    ))
-    .unwrap();
+    qp.post_send(wr(99, SendOp::write(win.va, win.rkey), vec![mr.sge(0, 8)]))
+        .unwrap();
     assert_eq!(cq.wait(T).unwrap().status, WcStatus::RemAccessErr);
     let _ = rendezvous::connect("127.0.0.1", port + 2, &mine, T);
 

@@ -200,15 +200,11 @@ fn peer(iface: &str, c: &Case) -> std::result::Result<String, String> {
     let wait = Duration::from_secs(30);
     let send = |k: usize| -> std::result::Result<(), String> {
         mr.write(send_at, &message(k, c.size));
-        let wr = SendWr {
-            wr_id: 1 << 32 | k as u64,
-            op: SendOp::Send { imm: None },
-            sg_list: sg_list![mr.sge(send_at, c.size as u32)],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        };
+        let wr = SendWr::new(
+            1 << 32 | k as u64,
+            SendOp::send(),
+            sg_list![mr.sge(send_at, c.size as u32)],
+        );
         match &ah {
             Some(ah) => qp.post_send_ud(wr, ah, remote.qpn, UD_QKEY),
             None => qp.post_send(wr),

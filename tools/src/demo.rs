@@ -122,15 +122,7 @@ fn completion(out: &mut impl Write, who: &str, c: &Completion) -> io::Result<()>
 }
 
 fn wr(wr_id: u64, op: SendOp, sg: Sge) -> SendWr {
-    SendWr {
-        wr_id,
-        op,
-        sg_list: sg_list![sg],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(wr_id, op, sg_list![sg])
 }
 
 fn expect(ok: bool, what: &str, failures: &mut Vec<String>) {
@@ -193,7 +185,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
         wr_id: 100,
         sg_list: sg_list![b.mr.sge(8192, 4096)],
     })?;
-    a.qp.post_send(wr(1, SendOp::Send { imm: None }, a.mr.sge(0, 3000)))?;
+    a.qp.post_send(wr(1, SendOp::send(), a.mr.sge(0, 3000)))?;
     let ca = a.cq.wait(T)?;
     let cb = b.cq.wait(T)?;
     wire.show(&mut out)?;
@@ -221,11 +213,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     )?;
     a.qp.post_send(wr(
         2,
-        SendOp::Write {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-            imm: None,
-        },
+        SendOp::write(b.mr.addr(), b.mr.rkey()),
         a.mr.sge(4096, 2048),
     ))?;
     let ca = a.cq.wait(T)?;
@@ -254,11 +242,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     })?;
     a.qp.post_send(wr(
         3,
-        SendOp::Write {
-            remote_addr: b.mr.addr() + 2048,
-            rkey: b.mr.rkey(),
-            imm: Some(0xcafe),
-        },
+        SendOp::write_imm(b.mr.addr() + 2048, b.mr.rkey(), 0xcafe),
         a.mr.sge(4096, 16),
     ))?;
     let ca = a.cq.wait(T)?;
@@ -283,10 +267,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     )?;
     a.qp.post_send(wr(
         4,
-        SendOp::Read {
-            remote_addr: b.mr.addr(),
-            rkey: b.mr.rkey(),
-        },
+        SendOp::read(b.mr.addr(), b.mr.rkey()),
         a.mr.sge(16384, 2048),
     ))?;
     let ca = a.cq.wait(T)?;
@@ -312,12 +293,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     )?;
     a.qp.post_send(wr(
         5,
-        SendOp::CompareSwap {
-            remote_addr: b.mr.addr() + 4096,
-            rkey: b.mr.rkey(),
-            compare: 7,
-            swap: 100,
-        },
+        SendOp::compare_swap(b.mr.addr() + 4096, b.mr.rkey(), 7, 100),
         a.mr.sge(32768, 8),
     ))?;
     let ca = a.cq.wait(T)?;
@@ -335,11 +311,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
     writeln!(out, "6. FETCH_AND_ADD 5 to B's counter")?;
     a.qp.post_send(wr(
         6,
-        SendOp::FetchAdd {
-            remote_addr: b.mr.addr() + 4096,
-            rkey: b.mr.rkey(),
-            add: 5,
-        },
+        SendOp::fetch_add(b.mr.addr() + 4096, b.mr.rkey(), 5),
         a.mr.sge(32776, 8),
     ))?;
     let ca = a.cq.wait(T)?;

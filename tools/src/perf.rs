@@ -289,31 +289,12 @@ impl Bw {
 
 fn wr(op: Op, local: &MemoryRegion, remote: &RemoteBuffer, id: u64, size: u32) -> SendWr {
     let op = match op {
-        Op::Write => SendOp::Write {
-            remote_addr: remote.va,
-            rkey: remote.rkey,
-            imm: None,
-        },
-        Op::Read => SendOp::Read {
-            remote_addr: remote.va,
-            rkey: remote.rkey,
-        },
-        Op::Send => SendOp::Send { imm: None },
-        Op::Atomic => SendOp::FetchAdd {
-            remote_addr: remote.va,
-            rkey: remote.rkey,
-            add: 1,
-        },
+        Op::Write => SendOp::write(remote.va, remote.rkey),
+        Op::Read => SendOp::read(remote.va, remote.rkey),
+        Op::Send => SendOp::send(),
+        Op::Atomic => SendOp::fetch_add(remote.va, remote.rkey, 1),
     };
-    SendWr {
-        wr_id: id,
-        op,
-        sg_list: sg_list![local.sge(0, size)],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(id, op, sg_list![local.sge(0, size)])
 }
 
 /// How long a run goes.

@@ -87,17 +87,7 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
         recv(i)?;
     }
     let mut posted_recvs = o.iters.min(1000);
-    let send = |id: u64| {
-        qp.post_send(SendWr {
-            wr_id: id,
-            op: SendOp::Send { imm: None },
-            sg_list: sg_list![mr.sge(0, size)],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })
-    };
+    let send = |id: u64| qp.post_send(SendWr::new(id, SendOp::send(), sg_list![mr.sge(0, size)]));
     let start = Instant::now();
     // Sends posted and completed, and messages received. Like
     // ibv_rc_pingpong, a side is done when its last SEND has completed

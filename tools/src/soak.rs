@@ -332,19 +332,12 @@ impl<'a> Run<'a> {
                         _ => SendOp::Send { imm },
                     }
                 }
-                Kind::Read => SendOp::Read {
-                    remote_addr: target,
-                    rkey,
-                },
+                Kind::Read => SendOp::read(target, rkey),
                 Kind::FetchAdd => {
                     let add = me.rng.next_u64() >> me.rng.below(64);
                     old = me.counter;
                     me.counter = me.counter.wrapping_add(add);
-                    SendOp::FetchAdd {
-                        remote_addr: counter,
-                        rkey,
-                        add,
-                    }
+                    SendOp::fetch_add(counter, rkey, add)
                 }
                 Kind::CmpSwap => {
                     let hit = me.rng.chance(0.7);
@@ -354,12 +347,7 @@ impl<'a> Run<'a> {
                     if hit {
                         me.counter = swap;
                     }
-                    SendOp::CompareSwap {
-                        remote_addr: counter,
-                        rkey,
-                        compare,
-                        swap,
-                    }
+                    SendOp::compare_swap(counter, rkey, compare, swap)
                 }
             };
             if matches!(kind, Kind::Send | Kind::SendImm | Kind::WriteImm) {
@@ -374,15 +362,8 @@ impl<'a> Run<'a> {
             } else {
                 sg_list![me.mr.sge(local, len as u32)]
             };
-            me.qp.post_send(SendWr {
-                wr_id: wr_id(c, gen, false, seq),
-                op,
-                sg_list,
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            })?;
+            me.qp
+                .post_send(SendWr::new(wr_id(c, gen, false, seq), op, sg_list))?;
             if me.pending.is_empty() {
                 me.last_progress = Instant::now();
             }

@@ -191,13 +191,5 @@ fn the_server_leaves_only_after_its_last_send_is_acknowledged() {
 /// A signaled SEND of the first 64 bytes of `mr`.
 fn send_64(mr: &rnic_verbs::MemoryRegion, wr_id: u64) -> rnic_verbs::SendWr {
     use rnic_verbs::*;
-    SendWr {
-        wr_id,
-        op: SendOp::Send { imm: None },
-        sg_list: sg_list![mr.sge(0, 64)],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    }
+    SendWr::new(wr_id, SendOp::send(), sg_list![mr.sge(0, 64)])
 }

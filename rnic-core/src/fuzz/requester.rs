@@ -128,32 +128,13 @@ impl Target {
         let remote_addr = input.u64();
         let rkey = input.u32();
         let op = match kind % 8 {
-            0 => SendOp::Send { imm: None },
-            1 => SendOp::Send {
-                imm: Some(input.u32()),
-            },
-            2 => SendOp::Write {
-                remote_addr,
-                rkey,
-                imm: None,
-            },
-            3 => SendOp::Write {
-                remote_addr,
-                rkey,
-                imm: Some(input.u32()),
-            },
-            4 | 5 => SendOp::Read { remote_addr, rkey },
-            6 => SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare: input.u64(),
-                swap: input.u64(),
-            },
-            _ => SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add: input.u64(),
-            },
+            0 => SendOp::send(),
+            1 => SendOp::send_imm(input.u32()),
+            2 => SendOp::write(remote_addr, rkey),
+            3 => SendOp::write_imm(remote_addr, rkey, input.u32()),
+            4 | 5 => SendOp::read(remote_addr, rkey),
+            6 => SendOp::compare_swap(remote_addr, rkey, input.u64(), input.u64()),
+            _ => SendOp::fetch_add(remote_addr, rkey, input.u64()),
         };
         let into = matches!(
             op,
@@ -173,19 +154,17 @@ impl Target {
         let id = self.next_id;
         self.next_id += 1;
         let signaled = kind & 0x08 == 0;
-        let wr = SendWr {
-            wr_id: id,
+        let wr = SendWr::new(
+            id,
             op,
-            sg_list: sg_list![Sge {
+            sg_list![Sge {
                 addr: iova(region) + off as u64,
                 length: len as u32,
                 lkey: self.lkey[region] ^ u32::from(kind & 0x20 != 0),
             }],
-            signaled,
-            solicited: false,
-            fence: kind & 0x10 != 0,
-            inline: None,
-        };
+        )
+        .signaled(signaled)
+        .fence(kind & 0x10 != 0);
         if self.nic.post_send(now, self.qpn, wr).is_ok() {
             self.posted.insert(id);
             if signaled {

@@ -141,9 +141,9 @@ impl Target {
         // A type 2 window on the middle of MWR, bound by the RC QP.
         let old = nic.alloc_mw_of(pd, MwType::Two).ok()?;
         let mw = (old & !0xFF) | (old.wrapping_add(1) & 0xFF);
-        let bind = SendWr {
-            wr_id: 0,
-            op: SendOp::BindMw(MwBind {
+        let bind = SendWr::new(
+            0,
+            SendOp::BindMw(MwBind {
                 mw_rkey: old,
                 new_rkey: mw,
                 mr_lkey: keys[MWR].lkey,
@@ -151,12 +151,8 @@ impl Target {
                 length: WINDOW.len() as u64,
                 access: remote,
             }),
-            sg_list: sg_list![],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        };
+            sg_list![],
+        );
         nic.post_send(Time(0), qpns[0], bind).ok()?;
         while nic.poll_transmit().is_some() {}
         let done = nic.poll_cq(cq, 8).ok()?;

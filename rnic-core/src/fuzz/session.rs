@@ -148,32 +148,13 @@ fn work_request(input: &mut Input<'_>, s: &Side, peer_rkey: u32, id: u64) -> Sen
     };
     let remote_addr = IOVA + u64::from(input.byte()) * 56;
     let op = match kind % 10 {
-        0 => SendOp::Send { imm: None },
-        1 => SendOp::Send {
-            imm: Some(input.u32()),
-        },
-        2 => SendOp::Write {
-            remote_addr,
-            rkey,
-            imm: None,
-        },
-        3 => SendOp::Write {
-            remote_addr,
-            rkey,
-            imm: Some(7),
-        },
-        4 => SendOp::Read { remote_addr, rkey },
-        5 => SendOp::CompareSwap {
-            remote_addr,
-            rkey,
-            compare: 0,
-            swap: 1,
-        },
-        6 => SendOp::FetchAdd {
-            remote_addr,
-            rkey,
-            add: 1,
-        },
+        0 => SendOp::send(),
+        1 => SendOp::send_imm(input.u32()),
+        2 => SendOp::write(remote_addr, rkey),
+        3 => SendOp::write_imm(remote_addr, rkey, 7),
+        4 => SendOp::read(remote_addr, rkey),
+        5 => SendOp::compare_swap(remote_addr, rkey, 0, 1),
+        6 => SendOp::fetch_add(remote_addr, rkey, 1),
         7 => SendOp::AtomicWrite {
             remote_addr,
             rkey,
@@ -191,19 +172,18 @@ fn work_request(input: &mut Input<'_>, s: &Side, peer_rkey: u32, id: u64) -> Sen
         },
     };
     let atomic = matches!(op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. });
-    SendWr {
-        wr_id: id,
+    SendWr::new(
+        id,
         op,
-        sg_list: sg_list![Sge {
+        sg_list![Sge {
             addr: IOVA + off,
             length: if atomic { 8 } else { len },
             lkey: if kind & 0x20 == 0 { s.lkey } else { s.lkey ^ 1 },
         }],
-        signaled: kind & 0x10 == 0,
-        solicited: false,
-        fence: kind & 0x08 != 0,
-        inline: (kind & 0x04 != 0).then(|| InlineData::from_elem(9, usize::from(input.byte()))),
-    }
+    )
+    .signaled(kind & 0x10 == 0)
+    .fence(kind & 0x08 != 0)
+    .inline((kind & 0x04 != 0).then(|| InlineData::from_elem(9, usize::from(input.byte()))))
 }
 
 /// The steps an input byte selects (`byte % 10`), and what they read next.

@@ -498,39 +498,26 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
     let (rdma, atomic, ud, imm) =
         unsafe { (w.wr.rdma, w.wr.atomic, w.wr.ud, w.__bindgen_anon_1.imm_data) };
     let op = match w.opcode {
-        sys::IBV_WR_SEND => SendOp::Send { imm: None },
-        sys::IBV_WR_SEND_WITH_IMM => SendOp::Send {
-            imm: Some(u32::from_be(imm)),
-        },
+        sys::IBV_WR_SEND => SendOp::send(),
+        sys::IBV_WR_SEND_WITH_IMM => SendOp::send_imm(u32::from_be(imm)),
         // SAFETY: as above.
         sys::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
             invalidate_rkey: unsafe { w.__bindgen_anon_1.invalidate_rkey },
         },
-        sys::IBV_WR_RDMA_WRITE => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
-            imm: None,
-        },
-        sys::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::Write {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
-            imm: Some(u32::from_be(imm)),
-        },
-        sys::IBV_WR_RDMA_READ => SendOp::Read {
-            remote_addr: rdma.remote_addr,
-            rkey: rdma.rkey,
-        },
-        sys::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            compare: atomic.compare_add,
-            swap: atomic.swap,
-        },
-        sys::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote_addr: atomic.remote_addr,
-            rkey: atomic.rkey,
-            add: atomic.compare_add,
-        },
+        sys::IBV_WR_RDMA_WRITE => SendOp::write(rdma.remote_addr, rdma.rkey),
+        sys::IBV_WR_RDMA_WRITE_WITH_IMM => {
+            SendOp::write_imm(rdma.remote_addr, rdma.rkey, u32::from_be(imm))
+        }
+        sys::IBV_WR_RDMA_READ => SendOp::read(rdma.remote_addr, rdma.rkey),
+        sys::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::compare_swap(
+            atomic.remote_addr,
+            atomic.rkey,
+            atomic.compare_add,
+            atomic.swap,
+        ),
+        sys::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::fetch_add(atomic.remote_addr, atomic.rkey, atomic.compare_add)
+        }
         sys::IBV_WR_ATOMIC_WRITE => {
             // "Atomically write 64 bits from given sg_list" (verbs.h): one
             // 8-byte entry, read when posted, as inline data is.
@@ -562,11 +549,7 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
         }
         _ => return Err(libc::EINVAL),
     };
-    let inline = if w.send_flags & sys::IBV_SEND_INLINE != 0
-        && matches!(
-            op,
-            SendOp::Send { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. }
-        ) {
+    let inline = if w.send_flags & sys::IBV_SEND_INLINE != 0 && op.takes_inline() {
         let list = sg_list.iter().map(|s| (s.addr, s.length as usize));
         // SAFETY: the program's buffers, as verbs requires for inline sends.
         Some(unsafe { inline_bytes(list)? })
@@ -579,15 +562,11 @@ unsafe fn post_one(q: &Qp, w: &sys::ibv_send_wr) -> Result<(), i32> {
     } else {
         sg_list
     };
-    let wr = SendWr {
-        wr_id: w.wr_id,
-        op,
-        sg_list,
-        signaled,
-        solicited,
-        fence,
-        inline,
-    };
+    let wr = SendWr::new(w.wr_id, op, sg_list)
+        .signaled(signaled)
+        .solicited(solicited)
+        .fence(fence)
+        .inline(inline);
     let r = if q.qp_type == QpType::Ud {
         // SAFETY: the program's AH.
         let ah = unsafe { Ah::from_c(ud.ah)? };
@@ -683,15 +662,10 @@ unsafe fn begin(p: *mut sys::ibv_qp_ex, op: SendOp) {
     let (wr_id, wr_flags) = unsafe { ((*p).wr_id, (*p).wr_flags) };
     let (signaled, solicited, fence) = flags(q, wr_flags);
     q.pending.lock().push(Pending {
-        wr: SendWr {
-            wr_id,
-            op,
-            sg_list: SgList::new(),
-            signaled,
-            solicited,
-            fence,
-            inline: None,
-        },
+        wr: SendWr::new(wr_id, op, SgList::new())
+            .signaled(signaled)
+            .solicited(solicited)
+            .fence(fence),
         ud: None,
         bind: None,
         error: None,
@@ -761,18 +735,11 @@ pub(crate) unsafe extern "C" fn wr_abort(p: *mut sys::ibv_qp_ex) {
 
 pub(crate) unsafe extern "C" fn wr_send(p: *mut sys::ibv_qp_ex) {
     // SAFETY: passed on.
-    unsafe { begin(p, SendOp::Send { imm: None }) }
+    unsafe { begin(p, SendOp::send()) }
 }
 pub(crate) unsafe extern "C" fn wr_send_imm(p: *mut sys::ibv_qp_ex, imm: u32) {
     // SAFETY: passed on.
-    unsafe {
-        begin(
-            p,
-            SendOp::Send {
-                imm: Some(u32::from_be(imm)),
-            },
-        )
-    }
+    unsafe { begin(p, SendOp::send_imm(u32::from_be(imm))) }
 }
 pub(crate) unsafe extern "C" fn wr_send_inv(p: *mut sys::ibv_qp_ex, rkey: u32) {
     // SAFETY: passed on.
@@ -787,16 +754,7 @@ pub(crate) unsafe extern "C" fn wr_send_inv(p: *mut sys::ibv_qp_ex, rkey: u32) {
 }
 pub(crate) unsafe extern "C" fn wr_rdma_write(p: *mut sys::ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: passed on.
-    unsafe {
-        begin(
-            p,
-            SendOp::Write {
-                remote_addr,
-                rkey,
-                imm: None,
-            },
-        )
-    }
+    unsafe { begin(p, SendOp::write(remote_addr, rkey)) }
 }
 pub(crate) unsafe extern "C" fn wr_rdma_write_imm(
     p: *mut sys::ibv_qp_ex,
@@ -819,7 +777,7 @@ pub(crate) unsafe extern "C" fn wr_rdma_write_imm(
 }
 pub(crate) unsafe extern "C" fn wr_rdma_read(p: *mut sys::ibv_qp_ex, rkey: u32, remote_addr: u64) {
     // SAFETY: passed on.
-    unsafe { begin(p, SendOp::Read { remote_addr, rkey }) }
+    unsafe { begin(p, SendOp::read(remote_addr, rkey)) }
 }
 pub(crate) unsafe extern "C" fn wr_atomic_cmp_swp(
     p: *mut sys::ibv_qp_ex,
@@ -829,17 +787,7 @@ pub(crate) unsafe extern "C" fn wr_atomic_cmp_swp(
     swap: u64,
 ) {
     // SAFETY: passed on.
-    unsafe {
-        begin(
-            p,
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            },
-        )
-    }
+    unsafe { begin(p, SendOp::compare_swap(remote_addr, rkey, compare, swap)) }
 }
 pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(
     p: *mut sys::ibv_qp_ex,
@@ -848,16 +796,7 @@ pub(crate) unsafe extern "C" fn wr_atomic_fetch_add(
     add: u64,
 ) {
     // SAFETY: passed on.
-    unsafe {
-        begin(
-            p,
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            },
-        )
-    }
+    unsafe { begin(p, SendOp::fetch_add(remote_addr, rkey, add)) }
 }
 /// `ibv_wr_atomic_write`: the 8 bytes at `data`, stored at once.
 pub(crate) unsafe extern "C" fn wr_atomic_write(

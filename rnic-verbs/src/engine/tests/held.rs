@@ -63,19 +63,11 @@ fn a_nic_whose_gso_sends_are_refused_sends_datagrams_one_by_one() {
     assert!(source.write(0, &data));
     assert!(b.engine.gso(), "GSO is on by default on loopback");
     b.engine.send_without_checksums();
-    b_qp.post_send(SendWr {
-        wr_id: 1,
-        op: SendOp::Write {
-            remote_addr: target.addr(),
-            rkey: target.rkey(),
-            imm: None,
-        },
-        sg_list: sg_list![source.sge(0, LEN as u32)],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    })
+    b_qp.post_send(SendWr::new(
+        1,
+        SendOp::write(target.addr(), target.rkey()),
+        sg_list![source.sge(0, LEN as u32)],
+    ))
     .unwrap();
     let c = b_cq.wait(Duration::from_secs(10)).unwrap();
     assert_eq!(c.status, WcStatus::Success);

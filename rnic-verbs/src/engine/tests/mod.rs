@@ -205,15 +205,9 @@ pub(super) fn send_one(
     })
     .unwrap();
     from.0
-        .post_send(SendWr {
-            wr_id: ids.1,
-            op: SendOp::Send { imm: None },
-            sg_list: sg_list![from.1.sge(0, 8)],
-            signaled,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })
+        .post_send(
+            SendWr::new(ids.1, SendOp::send(), sg_list![from.1.sge(0, 8)]).signaled(signaled),
+        )
         .unwrap();
 }
 
@@ -246,19 +240,11 @@ impl Pair {
     /// One WRITE from b into `a_target`.
     pub(super) fn write(&self) {
         self.b_qp
-            .post_send(SendWr {
-                wr_id: 3,
-                op: SendOp::Write {
-                    remote_addr: self.a_target.addr(),
-                    rkey: self.a_target.rkey(),
-                    imm: None,
-                },
-                sg_list: sg_list![self.b_mr.sge(0, 8)],
-                signaled: true,
-                solicited: false,
-                fence: false,
-                inline: None,
-            })
+            .post_send(SendWr::new(
+                3,
+                SendOp::write(self.a_target.addr(), self.a_target.rkey()),
+                sg_list![self.b_mr.sge(0, 8)],
+            ))
             .unwrap();
     }
 
@@ -376,19 +362,11 @@ pub(super) fn long_write(p: &Pair, len: usize) -> (SendWr, MemoryRegion, MemoryR
         .unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     assert!(src.write(0, &data));
-    let wr = SendWr {
-        wr_id: 7,
-        op: SendOp::Write {
-            remote_addr: dst.addr(),
-            rkey: dst.rkey(),
-            imm: None,
-        },
-        sg_list: sg_list![src.sge(0, len as u32)],
-        signaled: true,
-        solicited: false,
-        fence: false,
-        inline: None,
-    };
+    let wr = SendWr::new(
+        7,
+        SendOp::write(dst.addr(), dst.rkey()),
+        sg_list![src.sge(0, len as u32)],
+    );
     (wr, src, dst, data)
 }
 

@@ -278,24 +278,12 @@ fn timers_fire_while_the_engine_leaves_the_socket_to_pollers() {
         p.until_away();
         assert!(p.a.engine.is_away());
         let op = if rnr {
-            SendOp::Send { imm: None }
+            SendOp::send()
         } else {
-            SendOp::Write {
-                remote_addr: 0x1000,
-                rkey: 1,
-                imm: None,
-            }
+            SendOp::write(0x1000, 1)
         };
-        qp.post_send(SendWr {
-            wr_id: 9,
-            op,
-            sg_list: sg_list![mr.sge(0, len as u32)],
-            signaled: true,
-            solicited: false,
-            fence: false,
-            inline: None,
-        })
-        .unwrap();
+        qp.post_send(SendWr::new(9, op, sg_list![mr.sge(0, len as u32)]))
+            .unwrap();
         // Polling without pause: the engine thread stays away, and a
         // poll runs no timer the engine thread is not late for. The
         // retries take milliseconds; a deadline the engine thread
