@@ -13,6 +13,12 @@
 //! # Ok::<(), rnic_verbs::Error>(())
 //! ```
 //!
+//! A whole program, `examples/hello.rs` (the README's):
+//!
+//! ```
+#![doc = include_str!("../examples/hello.rs")]
+//! ```
+//!
 //! # Where things are
 //!
 //! One module per verbs object, each constructor beside the type it

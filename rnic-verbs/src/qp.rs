@@ -170,9 +170,10 @@ pub struct ConnectOptions {
     pub access: Access,
     /// Outstanding READs/atomics, each way (max_rd_atomic and
     /// max_dest_rd_atomic). The default, 16, is what a ConnectX responder
-    /// takes; between rnic NICs up to [`DEVICE_ATTR`](crate::DEVICE_ATTR)`.max_qp_rd_atom` (128,
-    /// as rdma_rxe) keeps a READ stream of small messages going three
-    /// times faster (`rnic perf read -o`).
+    /// takes; between rnic NICs up to
+    /// [`DEVICE_ATTR`](crate::DEVICE_ATTR)`.max_qp_rd_atom` (128, as
+    /// rdma_rxe) keeps a stream of small READs going several times faster
+    /// (`rnic perf read -o`).
     pub max_rd_atomic: u8,
 }
 

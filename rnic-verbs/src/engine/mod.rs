@@ -279,10 +279,10 @@ impl Engine {
     /// loopback) instead of one per post, and one that posts a request and
     /// polls for its answer sends it at its first poll. Any other verb
     /// sends them at once; if the program stops polling, the engine thread
-    /// sends them when it next looks, 1-8 ms after the last poll or post
-    /// (`watch::AWAY_MAX` to `watch::AWAY_LONGEST`: see
-    /// [`watch::Watch::away_for`]), as it takes in what arrived meanwhile. The
-    /// posting thread never wakes it for them.
+    /// sends them when it next looks, `watch::AWAY_MAX` to
+    /// `watch::AWAY_LONGEST` after the last poll or post (see
+    /// [`watch::Watch::away_for`]), as it takes in what arrived meanwhile.
+    /// The posting thread never wakes it for them.
     pub fn post<R>(&self, f: impl FnOnce(&mut EngineState) -> R) -> io::Result<R> {
         self.shared.active();
         self.verb(f, true)
@@ -362,10 +362,9 @@ impl Engine {
         // poller finds, the answer (with the ACK that came with it: one
         // GSO send, one message). Asking for a batch, the kernel would
         // fill one header and then fail on the next, which costs about
-        // what an empty receive does (`recvmmsg` with 64 B WRITEs
-        // ping-ponging: 3,400 cycles a receive asking for one, 4,000 for a
-        // batch). A thread that finds something at its next poll again
-        // asks for a batch: a stream pays one system call more per spell.
+        // what an empty receive does. A thread that finds something at its
+        // next poll again asks for a batch: a stream pays one system call
+        // more per spell.
         let most = if st.polled_dry { 1 } else { crate::udp::BATCH };
         // Requests (and, unless steered apart, responses), then the
         // responses steered apart.

@@ -29,10 +29,10 @@
 //! packet. Where the scheduler puts it on its own program's core, it
 //! preempts a program that only waits; put crosswise, each engine thread
 //! preempts the *other* program, the one about to answer, and every ACK
-//! delays the answer. Measured on two cores, ib_write_lat over the drop-in,
-//! 64 B: half a round trip of 30 to 33 us with each engine on its program's
-//! core, 53 to 56 us crosswise; left to the scheduler, a run landed in
-//! either, and the same held for `rnic perf --lat`.
+//! delays the answer: ib_write_lat over the drop-in took two thirds longer
+//! crosswise than with each engine on its program's core, and left to the
+//! scheduler a run landed in either (the figures are in
+//! `docs/performance.md`).
 //!
 //! - The engine thread moves at most once per [`FOLLOW_EVERY`]: a program
 //!   whose threads post from several cores costs it a move a few times a
@@ -73,9 +73,8 @@ pub(crate) fn apply(p: Priority) -> bool {
 /// When the engine thread lingers: it scores the idle spells that a
 /// datagram ended (from running out of work to the next datagram). A spell
 /// within the window counts up, as does one asleep within twice the window
-/// (asleep, the spell includes the wake-up: 50-95 us in a test here for
-/// requests sent 10 us after the last work); a linger that ends with no
-/// datagram halves the score.
+/// (asleep, the spell includes the wake-up, which alone can outlast the
+/// window); a linger that ends with no datagram halves the score.
 /// It lingers from [`Linger::ON`] up: two short spells in a row start it,
 /// one empty linger does not stop a stream that lingered often, two do.
 #[derive(Debug, Default)]

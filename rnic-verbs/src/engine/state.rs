@@ -278,8 +278,8 @@ impl EngineState {
     /// (`Engine::progress`), as it takes in what arrives, and the engine
     /// thread does when it next looks. Woken for what is left to build,
     /// it took the lock from the poller for a pump, went back to sleep
-    /// with more left, and was woken again: with 1,000 QPs streaming
-    /// (`rnic perf write -q 1000 -t 2`), a hundred thousand times a second.
+    /// with more left, and was woken again, over and over while 1,000 QPs
+    /// streamed (`rnic perf write -q 1000 -t 2`).
     pub(super) fn wake_deadline(&self) -> Option<Time> {
         let held = self.impair.as_ref().and_then(|i| i.next_release());
         [self.nic.next_deadline(), held].into_iter().flatten().min()

@@ -5,9 +5,10 @@
 //! (`Engine::progress`), as a NIC's poll-mode driver would. The engine
 //! thread, asleep in poll(2) on the same socket, is woken for each of those
 //! packets all the same; and on a machine whose cores are all busy (two
-//! programs spinning) each wake-up preempts someone. Measured on two cores,
-//! `rnic perf send --lat` as two processes: half a round trip of 34 us with
-//! the engine thread watching, 4.5 us with the pollers alone.
+//! programs spinning) each wake-up preempts someone: a ping-pong between two
+//! processes on two cores takes several times as long with the engine
+//! thread watching as with the pollers alone (the figures are in
+//! `docs/performance.md`).
 //!
 //! But some programs never poll for what they wait on: ib_write_lat spins
 //! on its buffer's last byte, perftest's bandwidth servers sleep on TCP, a
@@ -28,10 +29,9 @@
 //!   longer it leaves the socket unwatched: as long as it has been away,
 //!   from [`AWAY_MAX`] up to [`AWAY_LONGEST`]; back on the socket for any
 //!   reason, it starts again from [`AWAY_MAX`]. Each wake-up preempts a
-//!   program that spins (the engine thread runs in
-//!   real time on its program's core): a thousand a second cost an
-//!   emulated CPU's ping-pong about half its speed (see
-//!   [`AWAY_LONGEST`]).
+//!   program that spins (the engine thread runs in real time on its
+//!   program's core), and on an emulated CPU a wake-up per millisecond
+//!   slowed a ping-pong by more than half (see [`AWAY_LONGEST`]).
 //! - A thread that polls or posts need not take packets in: a poll does
 //!   only when it finds its queue empty. So at each look, while threads
 //!   are about, the engine thread takes in whatever waits on the socket,
@@ -76,11 +76,11 @@ pub const AWAY_MAX: u64 = 1_000_000;
 /// The longest the socket goes unwatched after the last poll or post (ns),
 /// once the engine thread has been away that long.
 ///
-/// Measured in the rdma_rxe VM (two emulated vCPUs, `rnic perf write --lat
-/// -s 64`, both programs spinning): with a wake-up per millisecond, each
-/// engine thread switched in 1,500 to 2,100 times a second and half a
-/// round trip took 137-147 us (p50); sleeping 8 ms each time, 300-390
-/// times and 52-109 us.
+/// Why this long: in the rdma_rxe VM (two emulated vCPUs, both programs
+/// of a ping-pong spinning), a wake-up per millisecond had each engine
+/// thread preempt its program over a thousand times a second, and half a
+/// round trip took more than twice as long as with a look every 8 ms (the
+/// figures are in `docs/performance.md`).
 pub const AWAY_LONGEST: u64 = 8_000_000;
 /// How long the engine thread watches, at least, once a packet waited for
 /// it or a thread said it would sleep (ns).

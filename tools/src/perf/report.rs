@@ -76,7 +76,7 @@ pub(crate) fn gbit(bytes_per_sec: f64) -> f64 {
 }
 
 /// `outstanding`: READs and atomics outstanding per QP, as the first QP
-/// has it (see [`Local::outstanding`]).
+/// has it (see `Local::outstanding`).
 pub(super) fn print_header(o: &Options, outstanding: u8, out: &mut impl Write) -> io::Result<()> {
     if o.json {
         return Ok(());
