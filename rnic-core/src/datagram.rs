@@ -31,6 +31,12 @@ pub struct Datagram {
     /// they came from elsewhere ([`Datagram::new`]); `None` if they do not
     /// read as a packet of a known opcode.
     pub header: Option<Header>,
+    /// The IPv4 identification it carries, which its ICRC covers: 0 as the
+    /// NIC builds every packet ([`icrc::for_udp`]'s convention), segment
+    /// i's index once [`Datagram::set_ipv4_id`] made its ICRC for it, and
+    /// for a packet taken in, the one it arrived with ([`Arrival`]). IPv6
+    /// has none: 0.
+    pub ipv4_id: u16,
 }
 
 impl Datagram {
@@ -43,6 +49,7 @@ impl Datagram {
             src_port,
             header: Header::read(&payload),
             payload,
+            ipv4_id: 0,
         }
     }
 
@@ -58,15 +65,16 @@ impl Datagram {
     /// send's segments 0, 1, 2, ... An IPv6 datagram has no identification
     /// and is left as it is. `deltas` caches the work for one length.
     pub fn set_ipv4_id(&mut self, id: u16, deltas: &mut Option<icrc::IdDeltas>) {
-        if self.dst.is_ipv4() {
-            // A payload too short for an ICRC was never built by the NIC.
-            let _ = icrc::set_ipv4_id(&mut self.payload, id, deltas);
+        // A payload too short for an ICRC was never built by the NIC.
+        if self.dst.is_ipv4() && icrc::set_ipv4_id(&mut self.payload, id, deltas).is_ok() {
+            self.ipv4_id = id;
         }
     }
 }
 
-/// A frame the NIC took in ([`crate::Nic::handle_frame`]): its addresses
-/// and what the packet is, as the NIC read them.
+/// A packet the NIC took in ([`crate::Nic::handle_udp`],
+/// [`crate::Nic::handle_frame`]): its addresses and what it is, as the NIC
+/// read them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arrival {
     /// The IP source address.
@@ -77,6 +85,9 @@ pub struct Arrival {
     pub src_port: u16,
     /// What the packet is.
     pub header: Header,
+    /// The IPv4 identification it carried: a frame's own; over UDP, the
+    /// one its ICRC verified with (0 where none did, and in IPv6).
+    pub ipv4_id: u16,
 }
 
 /// What a packet is, from its BTH (and AETH).
@@ -231,5 +242,33 @@ mod tests {
         let mut unknown = ack;
         unknown[0] = 0x1F;
         assert_eq!(d(&unknown).header, None, "an unknown opcode is nothing");
+    }
+
+    /// A datagram renumbered as GSO segment 3 carries identification 3,
+    /// and the frame it travels in verifies with it; IPv6 has none.
+    #[test]
+    fn a_renumbered_datagram_carries_its_identification() {
+        let (from, to) = (IpAddr::from([10, 0, 0, 1]), IpAddr::from([10, 0, 0, 2]));
+        let mut payload = vec![
+            0x11, 0, 0xFF, 0xFF, 0, 0, 0, 0x12, 0, 0, 1, 2, 0x1F, 0, 0, 1,
+        ];
+        let crc = icrc::for_udp(from, to, 0xC000, &payload).unwrap();
+        payload.extend_from_slice(&crc.to_le_bytes());
+        let mut d = Datagram::new(from, to, 0xC000, payload);
+        assert_eq!(d.ipv4_id, 0);
+        let mut cache = None;
+        d.set_ipv4_id(3, &mut cache);
+        assert_eq!(d.ipv4_id, 3);
+        let frame = crate::sim::frame_of(&d);
+        assert_eq!(icrc::verify(&frame[14..]), Ok(true), "the frame carries 3");
+        let v6 = IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 1]);
+        let mut d6 = Datagram::new(v6, v6, 0xC000, d.payload.clone());
+        let before = d6.payload.clone();
+        d6.set_ipv4_id(3, &mut cache);
+        assert_eq!(
+            (d6.ipv4_id, d6.payload),
+            (0, before),
+            "IPv6 has no identification"
+        );
     }
 }

@@ -743,6 +743,7 @@ impl Qp {
             src_port,
             payload: buf,
             header: Some(Header::of(ib)),
+            ipv4_id: 0,
         }))
     }
 

@@ -196,15 +196,11 @@ struct Bottleneck {
 }
 
 /// The frame a datagram travels in on a wire: Ethernet, IPv4 or IPv6 as an
-/// unconnected `IP_PMTUDISC_DO` UDP socket sends it (IPv4 ID 0, DF, TTL 64),
+/// unconnected `IP_PMTUDISC_DO` UDP socket sends it (DF, TTL 64, the IPv4
+/// identification the datagram carries: 0, or its index in a UDP GSO send),
 /// UDP to 4791 with checksum 0. Under that convention its ICRC verifies.
 pub fn frame_of(d: &Datagram) -> Vec<u8> {
-    frame_of_ident(d, 0)
-}
-
-/// [`frame_of`], with IPv4 identification `ident` (the segments of a UDP
-/// GSO send carry 0, 1, 2, ...; see `rnic_wire::icrc::ipv4_id_delta`).
-pub fn frame_of_ident(d: &Datagram, ident: u16) -> Vec<u8> {
+    let ident = d.ipv4_id;
     let ip_len = if d.src.is_ipv4() { 20 } else { 40 };
     let mut f = vec![0u8; 14 + ip_len + 8 + d.payload.len()];
     let eth = rnic_wire::encap::ethernet::Repr {

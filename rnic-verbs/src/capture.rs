@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rnic_core::sim::frame_of_ident;
+use rnic_core::sim::frame_of;
 use rnic_core::Datagram;
 use rnic_wire::pcap::PcapWriter;
 
@@ -83,26 +83,8 @@ impl Capture {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_nanos() as u64)
             .unwrap_or(0);
-        // The IPv4 identification the packet carries: 0, or its index in
-        // a GSO send, which its ICRC was made for (a packet whose ICRC
-        // fits none is recorded with 0, and shows as the error it is).
-        let ident = rnic_wire::IbPacket::new_checked(&d.payload[..])
-            .ok()
-            .and_then(|p| {
-                rnic_wire::icrc::udp_ident(
-                    d.src,
-                    d.dst,
-                    d.src_port,
-                    p.covered(),
-                    p.icrc(),
-                    &mut None,
-                )
-                .ok()
-                .flatten()
-            })
-            .unwrap_or(0);
         if let Ok(mut w) = self.writer.lock() {
-            let _ = w.write_packet(ts, &frame_of_ident(d, ident));
+            let _ = w.write_packet(ts, &frame_of(d));
             // Keep the file readable while the process runs.
             let _ = w.flush();
         }

@@ -5,7 +5,7 @@
 
 use core::net::IpAddr;
 
-use rnic_wire::encap::{Frame, LinkType};
+use rnic_wire::encap::{Frame, IpRepr, LinkType};
 use rnic_wire::{icrc, IbPacket};
 
 use crate::datagram::{Arrival, Datagram, Header};
@@ -34,7 +34,7 @@ impl Nic {
     /// ([`rnic_wire::icrc::udp_ident`]); a packet that fails it, or does not
     /// parse, is dropped and counted. Returns what the packet is, if it
     /// parsed, whatever became of it (see [`crate::datagram`]).
-    pub fn handle_datagram(&mut self, now: Time, d: &Datagram) -> Option<Header> {
+    pub fn handle_datagram(&mut self, now: Time, d: &Datagram) -> Option<Arrival> {
         self.handle_udp(now, d.src, d.dst, d.src_port, &d.payload)
     }
 
@@ -48,7 +48,7 @@ impl Nic {
         dst: IpAddr,
         src_port: u16,
         payload: &[u8],
-    ) -> Option<Header> {
+    ) -> Option<Arrival> {
         self.settled(|nic| nic.handle_udp_inner(now, src, dst, src_port, payload))
     }
 
@@ -59,25 +59,31 @@ impl Nic {
         dst: IpAddr,
         src_port: u16,
         payload: &[u8],
-    ) -> Option<Header> {
+    ) -> Option<Arrival> {
         let Ok(pkt) = IbPacket::new_checked(payload) else {
             self.counters.malformed += 1;
             return None;
         };
-        let header = Header::of_packet(&pkt);
         let covered = pkt.covered();
-        match icrc::udp_ident(
+        let ident = icrc::udp_ident(
             src,
             dst,
             src_port,
             covered,
             pkt.icrc(),
             &mut self.gso_deltas,
-        ) {
+        );
+        match ident {
             Ok(Some(_)) => self.handle_checked(now, src, dst, &pkt),
             _ => self.counters.icrc_errors += 1,
         }
-        Some(header)
+        Some(Arrival {
+            src,
+            dst,
+            src_port,
+            header: Header::of_packet(&pkt),
+            ipv4_id: ident.ok().flatten().unwrap_or(0),
+        })
     }
 
     /// A whole frame, as a transport that sees every header receives it
@@ -115,6 +121,10 @@ impl Nic {
             dst: f.ip.dst_addr(),
             src_port: f.udp.src_port,
             header: Header::of_packet(&f.ib),
+            ipv4_id: match &f.ip {
+                IpRepr::V4(ip) => ip.ident,
+                IpRepr::V6(_) => 0,
+            },
         };
         if !self.addrs.contains(&arrival.dst) {
             self.counters.foreign_frames += 1;

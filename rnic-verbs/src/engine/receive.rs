@@ -127,39 +127,46 @@ impl EngineState {
             };
             for payload in packets {
                 got.packets += 1;
-                // What the NIC read of the packet, and the addresses it
-                // carried (a frame's own).
-                let (header, addrs) = match source {
-                    Source::Udp(from) => (
-                        self.nic
-                            .handle_udp(now, from.ip(), dst, from.port(), payload),
-                        Some((from.ip(), dst, from.port())),
-                    ),
-                    Source::Frame(frame) => {
-                        match self.nic.handle_frame(now, LinkType::RawIp, frame) {
-                            Some(a) => (Some(a.header), Some((a.src, a.dst, a.src_port))),
-                            None => (None, None),
-                        }
-                    }
+                // What the NIC read of the packet, with the addresses it
+                // carried (a frame's own). A UDP payload that does not
+                // parse is still shown, as the socket gave it.
+                let arrival = match source {
+                    Source::Udp(from) => self
+                        .nic
+                        .handle_udp(now, from.ip(), dst, from.port(), payload)
+                        .ok_or(Some((from.ip(), from.port()))),
+                    Source::Frame(frame) => self
+                        .nic
+                        .handle_frame(now, LinkType::RawIp, frame)
+                        .ok_or(None),
                 };
+                let header = arrival.ok().map(|a| a.header);
                 if header.is_some_and(|h| h.ends_without_responder_completion()) {
                     got.unpolled += 1;
                 }
-                if let Some((src, dst, src_port)) = addrs.filter(|_| self.observed()) {
-                    let span = match header {
-                        Some(h) if !self.qp_spans.is_empty() => self.qp_span(h.dest_qp),
-                        _ => tracing::Span::none(),
-                    };
-                    let _in_qp = span.enter();
-                    let d = Datagram {
-                        src,
-                        dst,
-                        src_port,
+                if !self.observed() {
+                    continue;
+                }
+                let d = match arrival {
+                    Ok(a) => Datagram {
+                        src: a.src,
+                        dst: a.dst,
+                        src_port: a.src_port,
                         payload: payload.to_vec(),
                         header,
-                    };
-                    self.observe(false, now, &d);
-                }
+                        ipv4_id: a.ipv4_id,
+                    },
+                    Err(Some((src, src_port))) => {
+                        Datagram::new(src, dst, src_port, payload.to_vec())
+                    }
+                    Err(None) => continue,
+                };
+                let span = match header {
+                    Some(h) if !self.qp_spans.is_empty() => self.qp_span(h.dest_qp),
+                    _ => tracing::Span::none(),
+                };
+                let _in_qp = span.enter();
+                self.observe(false, now, &d);
             }
         }
         let acks = self.only_acks_queued();
