@@ -311,6 +311,7 @@ impl EngineState {
         }
     }
 
+    /// Now, on the engine's clock.
     pub fn now(&self) -> Time {
         since(self.start)
     }
@@ -318,7 +319,7 @@ impl EngineState {
     /// A post that sends something came (see [`Hold::posted`]).
     pub(super) fn posted(&mut self) {
         let start = self.start;
-        self.hold.posted(|| super::state::since(start));
+        self.hold.posted(|| since(start));
     }
 
     /// Whether what the NIC has queued may wait for a poller's next call
