@@ -123,24 +123,14 @@ impl Header {
     /// The header of a packet the NIC builds from `ib`.
     pub fn of(ib: &IbRepr) -> Header {
         let syndrome = ib.aeth.map(|a| a.syndrome);
-        Header {
-            opcode: ib.bth.opcode,
-            dest_qp: ib.bth.dest_qp,
-            psn: ib.bth.psn,
-            kind: Kind::of(ib.bth.opcode, syndrome),
-        }
+        Header::new(ib.bth.opcode, ib.bth.dest_qp, ib.bth.psn, syndrome)
     }
 
     /// The header of a packet the NIC parsed.
     pub fn of_packet(p: &IbPacket<&[u8]>) -> Header {
         let bth = p.bth();
         let syndrome = p.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
-        Header {
-            opcode: bth.opcode(),
-            dest_qp: bth.dest_qp(),
-            psn: bth.psn(),
-            kind: Kind::of(bth.opcode(), syndrome),
-        }
+        Header::new(bth.opcode(), bth.dest_qp(), bth.psn(), syndrome)
     }
 
     /// The header of the packet in `payload` (BTH onwards), if it has a
@@ -155,12 +145,18 @@ impl Header {
             }
             _ => None,
         };
-        Some(Header {
+        Some(Header::new(opcode, bth.dest_qp(), bth.psn(), syndrome))
+    }
+
+    /// The header of a packet of `opcode` to `dest_qp` at `psn`, whose
+    /// AETH (if any) has `syndrome`.
+    fn new(opcode: Opcode, dest_qp: u32, psn: Psn, syndrome: Option<Syndrome>) -> Header {
+        Header {
             opcode,
-            dest_qp: bth.dest_qp(),
-            psn: bth.psn(),
+            dest_qp,
+            psn,
             kind: Kind::of(opcode, syndrome),
-        })
+        }
     }
 
     /// Whether the packet ends a request its responder serves without a
