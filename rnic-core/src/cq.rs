@@ -203,6 +203,7 @@ mod tests {
             qp_num: 1,
             src_qp: None,
             invalidated_rkey: None,
+            network: None,
         }
     }
 

@@ -498,24 +498,31 @@ impl Qp {
             qp_num: self.qpn,
             src_qp: None,
             invalidated_rkey: None,
+            network: None,
         }
     }
 
-    /// The send completion for `w` with `status`.
+    /// The send completion for `w` with `status`. Where verbs leaves a
+    /// field open, it is what rdma_rxe and mlx5 report: on success
+    /// `byte_len` is the message's length (8 for the two atomics, whose
+    /// data is their 8-byte answer), and a request that carried immediate
+    /// data says so (IBV_WC_WITH_IMM); an error completion carries neither.
     pub fn send_completion(&self, w: &SendWqe, status: WcStatus) -> Completion {
+        let ok = status == WcStatus::Success;
         Completion {
             wr_id: w.wr.wr_id,
             status,
             opcode: w.wr.op.wc_opcode(),
-            byte_len: if matches!(w.wr.op, SendOp::Read { .. }) {
-                w.len as u32
-            } else {
-                0
+            byte_len: match w.wr.op {
+                _ if !ok => 0,
+                SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 8,
+                _ => w.len as u32,
             },
-            imm_data: None,
+            imm_data: w.wr.op.imm().filter(|_| ok),
             qp_num: self.qpn,
             src_qp: None,
             invalidated_rkey: None,
+            network: None,
         }
     }
 
@@ -847,6 +854,7 @@ impl Qp {
                 qp_num: self.qpn,
                 src_qp: None,
                 invalidated_rkey: None,
+                network: None,
             },
         );
     }

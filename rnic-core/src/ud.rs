@@ -9,7 +9,7 @@ use rnic_wire::{deth, immdt, IbPacket, IbRepr, Opcode, MAX_PAYLOAD};
 
 use crate::qp::QpState;
 use crate::rc::{gather_wr, scatter, sg_len, Ctx, Qp};
-use crate::wr::{Completion, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
+use crate::wr::{Completion, NetworkHdr, SendOp, SendWr, UdDest, WcOpcode, WcStatus, GRH_LEN};
 
 impl Qp {
     /// Send `wr` (a SEND, with or without immediate) to `to`. It completes once
@@ -74,11 +74,17 @@ impl Qp {
                     wr_id: wr.wr_id,
                     status,
                     opcode: WcOpcode::Send,
-                    byte_len: 0,
-                    imm_data: None,
+                    // As on RC: the length and the immediate on success.
+                    byte_len: if status == WcStatus::Success {
+                        len as u32
+                    } else {
+                        0
+                    },
+                    imm_data: imm.filter(|_| status == WcStatus::Success),
                     qp_num: self.qpn,
                     src_qp: None,
                     invalidated_rkey: None,
+                    network: None,
                 },
             );
         }
@@ -139,6 +145,10 @@ impl Qp {
                 },
                 imm_data: pkt.immdt().map(|i| i.immediate()),
                 src_qp: Some(d.src_qp()),
+                network: Some(match src {
+                    IpAddr::V4(_) => NetworkHdr::Ipv4,
+                    IpAddr::V6(_) => NetworkHdr::Ipv6,
+                }),
                 ..self.recv_completion(recv.wr_id, status)
             },
         );

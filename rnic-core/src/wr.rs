@@ -171,6 +171,15 @@ impl SendOp {
         }
     }
 
+    /// The immediate data it carries, if any (SEND_WITH_IMM,
+    /// RDMA_WRITE_WITH_IMM).
+    pub const fn imm(&self) -> Option<u32> {
+        match *self {
+            SendOp::Send { imm, .. } | SendOp::Write { imm, .. } => imm,
+            _ => None,
+        }
+    }
+
     /// The completion opcode it produces.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {
@@ -443,4 +452,17 @@ pub struct Completion {
     /// Receives of a SEND_WITH_INV: the R_Key it invalidated
     /// (IBV_WC_WITH_INV, `wc.invalidated_rkey`).
     pub invalidated_rkey: Option<u32>,
+    /// UD receives: the network header the datagram came in, whose copy
+    /// fills the first 40 bytes of the receive buffer (IBTA Annex A17.4.5.1;
+    /// `wc.network_hdr_type` in the kernel's verbs).
+    pub network: Option<NetworkHdr>,
+}
+
+/// The network header a RoCE v2 datagram travelled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkHdr {
+    /// IPv4: the 20-byte header sits in the last 20 of the 40 bytes.
+    Ipv4,
+    /// IPv6: the 40 bytes are the header, laid out as a GRH.
+    Ipv6,
 }

@@ -101,6 +101,40 @@ impl CompletionChannel {
             }
         }
     }
+
+    /// Wait for an event as `read(2)` on the descriptor waits, which is what
+    /// rdma-core's `ibv_get_cq_event` is: for as long as it takes if the
+    /// descriptor is blocking, not at all ([`Error::Timeout`]) if the
+    /// program made it non-blocking; and a signal whose handler was
+    /// installed without `SA_RESTART` ends the wait with
+    /// [`io::ErrorKind::Interrupted`] (programs such as qperf end a test
+    /// with `alarm` and count on it). [`get_cq_event`](Self::get_cq_event)
+    /// waits through signals instead.
+    pub fn read_cq_event(&self) -> Result<u32> {
+        loop {
+            if let Ok(cq) = self.events.try_recv() {
+                // Readable while (and only while) more events wait, as a
+                // program that polls the descriptor before calling expects.
+                drain(&self.signal.fd);
+                if !self.events.is_empty() {
+                    let _ = rustix::io::write(&self.signal.fd, &1u64.to_ne_bytes());
+                }
+                return Ok(cq.0);
+            }
+            read_counter(&self.signal.fd)?;
+        }
+    }
+}
+
+/// Read an eventfd's counter as a program's `read(2)` would: blocking or
+/// not as the descriptor is, interrupted as the signal's disposition says.
+fn read_counter(fd: &OwnedFd) -> Result<()> {
+    let mut counter = [0u8; 8];
+    match rustix::io::read(fd, &mut counter) {
+        Ok(_) => Ok(()),
+        Err(rustix::io::Errno::AGAIN) => Err(Error::Timeout),
+        Err(e) => Err(Error::Io(e.into())),
+    }
 }
 
 impl AsFd for CompletionChannel {
@@ -196,6 +230,23 @@ impl AsyncEventQueue {
                 return Err(Error::Timeout);
             }
             self.bell.wait(left)?;
+        }
+    }
+
+    /// The next event, waiting as `read(2)` on the descriptor does (what
+    /// rdma-core's `ibv_get_async_event` is): see
+    /// [`CompletionChannel::read_cq_event`].
+    pub fn read_event(&self) -> Result<AsyncEvent> {
+        loop {
+            if let Ok(e) = self.events.try_recv() {
+                // Readable while (and only while) more events wait.
+                self.bell.clear();
+                if !self.events.is_empty() {
+                    self.bell.ring();
+                }
+                return Ok(e);
+            }
+            read_counter(&self.bell.fd)?;
         }
     }
 }

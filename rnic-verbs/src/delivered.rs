@@ -92,6 +92,7 @@ mod tests {
             qp_num: 0x11,
             src_qp: None,
             invalidated_rkey: None,
+            network: None,
         }
     }
 

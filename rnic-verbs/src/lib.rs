@@ -48,7 +48,8 @@
 //! `unsafe` in the crate is in four modules, `memory` (mapping, viewing and
 //! unmapping the pages of a page-backed region), `udp` (recvmmsg and
 //! sendmmsg), `frames` (packet sockets, BPF, getifaddrs) and
-//! `engine::sched` (CPU affinity and scheduling), in the registration of a
+//! `engine::sched` (CPU affinity and scheduling), in taking over an address
+//! claim inherited across `exec` (`engine::sockets`), in the registration of a
 //! program's own memory (`ProtectionDomain::register_foreign`,
 //! `MemoryRegion::rereg_foreign`, in `mr`), and in the engine's one call of
 //! `atexit(3)` (`engine::exit`).
@@ -84,7 +85,7 @@ pub use channel::{AsyncEventQueue, CompletionChannel};
 pub use config::Config;
 pub use cq::CompletionQueue;
 pub use device::{gid_of, loopback_addrs, parse_env_addr, Device, PortAttr};
-pub use engine::TapEvent;
+pub use engine::{reserve_loopback, reserve_loopback_for_exec, TapEvent};
 pub use error::{Error, Result};
 pub use impair::{ImpairStats, Impairment};
 pub use memory::{Backing, DmaBuf, Placement};
@@ -98,8 +99,8 @@ pub use rnic_core::mem::{Access, MwBind, MwType};
 pub use rnic_core::qp::{AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 pub use rnic_core::srq::AsyncEvent;
 pub use rnic_core::wr::{
-    sg_list, Completion, InlineData, RecvWr, SendOp, SendWr, SgList, Sge, UdDest, WcOpcode,
-    WcStatus, GRH_LEN, MAX_INLINE_DATA,
+    sg_list, Completion, InlineData, NetworkHdr, RecvWr, SendOp, SendWr, SgList, Sge, UdDest,
+    WcOpcode, WcStatus, GRH_LEN, MAX_INLINE_DATA,
 };
 pub use rnic_core::{DeviceAttr, QpCaps, VerbError, DEVICE_ATTR};
 

@@ -83,15 +83,17 @@ pub fn run(program: &OsString, args: &[OsString], devices: Option<&str>, sysfs: 
         // way the library would choose it, and handed on in RNIC_DEVICES.
         let list = match list {
             Some(l) => l,
-            None => match addr.or_else(free_loopback) {
-                Some(a) => {
+            // Claimed here and held across exec for the program's NIC:
+            // programs started together never get the same address.
+            None => match addr.map_or_else(rnic_verbs::reserve_loopback_for_exec, Ok) {
+                Ok(a) => {
                     devices = Some(format!("rnic0={a}"));
                     vec![ibverbs::DeviceSpec {
                         name: "rnic0".into(),
                         addr: Some(a),
                     }]
                 }
-                None => return "--sysfs: no loopback address has UDP port 4791 free".into(),
+                Err(e) => return format!("--sysfs: {e}"),
             },
         };
         let devs: Vec<sysfs::Dev<'_>> = list
@@ -125,11 +127,4 @@ fn exec(program: &OsString, args: &[OsString], dir: &Path, devices: Option<Strin
     }
     let e = cmd.exec();
     format!("{}: {e}", program.to_string_lossy())
-}
-
-/// The first loopback address whose RoCE port is free, as the library's
-/// default device picks it.
-fn free_loopback() -> Option<std::net::IpAddr> {
-    rnic_verbs::loopback_addrs()
-        .find(|a| std::net::UdpSocket::bind((*a, rnic_wire::ROCE_V2_PORT)).is_ok())
 }

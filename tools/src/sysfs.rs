@@ -64,6 +64,60 @@ pub fn enter(devs: &[Dev<'_>]) -> Result<(), String> {
     }
     mount::mount_remount(CLASS, MountFlags::RDONLY, c"")
         .map_err(|e| err("make /sys/class read-only", e.into()))?;
+    device_nodes(devs.len()).map_err(|e| format!("--sysfs: /dev/infiniband: {e}"))
+}
+
+/// `/dev/infiniband/uverbsN` for each of `n` devices, as `ibv_device.dev_name`
+/// names them: programs such as UCX take a verbs device for usable only
+/// if that node is a character device they may read and write, though rnic's
+/// library never opens it. `/dev` is covered by a tmpfs of this namespace
+/// with every entry of the real one bound (or, for symbolic links, made)
+/// back in place, so nothing is created in the host's `/dev`. Each node has
+/// the numbers the kernel gives uverbs devices (231, 192 + N): with no RDMA
+/// driver loaded, opening it fails (ENXIO), which is what it should do.
+/// Where nodes cannot be made (a user namespace), `/dev/null` is bound in
+/// its place: a character device that can be read and written.
+fn device_nodes(n: usize) -> std::io::Result<()> {
+    const DEV: &str = "/dev";
+    let old = fs::File::open(DEV)?;
+    let entries: Vec<String> = fs::read_dir(DEV)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n != "infiniband")
+        .collect();
+    mount::mount("rnic", DEV, "tmpfs", MountFlags::NOSUID, c"mode=0755")?;
+    for e in &entries {
+        let source = format!("/proc/self/fd/{}/{e}", old.as_raw_fd());
+        let target = Path::new(DEV).join(e);
+        let kind = fs::symlink_metadata(&source)?.file_type();
+        if kind.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(&source)?, &target)?;
+        } else if kind.is_dir() {
+            fs::create_dir(&target)?;
+            mount::mount_bind_recursive(&source, &target)?;
+        } else {
+            fs::File::create(&target)?;
+            mount::mount_bind(&source, &target)?;
+        }
+    }
+    drop(old);
+    let ib = Path::new(DEV).join("infiniband");
+    fs::create_dir(&ib)?;
+    for i in 0..n {
+        let node = ib.join(format!("uverbs{i}"));
+        let made = rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &node,
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            rustix::fs::makedev(231, 192 + i as u32),
+        );
+        if made.is_err() {
+            fs::File::create(&node)?;
+            mount::mount_bind("/dev/null", &node)?;
+        }
+        // The mode the umask may have narrowed.
+        let _ = rustix::fs::chmod(&node, rustix::fs::Mode::from_raw_mode(0o666));
+    }
     Ok(())
 }
 

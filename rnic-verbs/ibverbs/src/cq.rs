@@ -9,10 +9,11 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
-use std::time::Duration;
 
 use parking_lot::Mutex;
-use rnic_verbs::{Completion, CompletionChannel, CompletionQueue, WcOpcode, WcStatus, DEVICE_ATTR};
+use rnic_verbs::{
+    Completion, CompletionChannel, CompletionQueue, NetworkHdr, WcOpcode, WcStatus, DEVICE_ATTR,
+};
 
 use crate::device::{Context, COMP_VECTORS};
 use crate::ffi::{self, obj, object, Object};
@@ -98,6 +99,23 @@ fn wc_flags(c: &Completion) -> u32 {
     f
 }
 
+/// `wc.sl` of a completion. Over RoCE a receive has no service level to
+/// report, and for UD receives mlx5 puts the packet's type there instead
+/// (bits 2:0: 0 a RoCE v1 GRH, 1 IPv6, 2 IPv4; bit 3: a UDP header, as
+/// every RoCE v2 datagram has), the IBTA's "IPv4 or IPv6" of a UD
+/// completion (Annex A17.4.5.1). Programs written for ConnectX read it to
+/// find where the sender's address lies in the 40 bytes before the
+/// payload (UCX's ud_verbs does); rdma_rxe leaves it 0, which such
+/// programs take for a RoCE v1 GRH. Everything else reports 0.
+fn sl(c: &Completion) -> u8 {
+    const UDP: u8 = 1 << 3;
+    match c.network {
+        Some(NetworkHdr::Ipv6) => UDP | 1,
+        Some(NetworkHdr::Ipv4) => UDP | 2,
+        None => 0,
+    }
+}
+
 /// `struct ibv_wc` for a completion. Immediate data is in network order, as
 /// it travels.
 fn wc_of(c: &Completion) -> sys::ibv_wc {
@@ -115,6 +133,7 @@ fn wc_of(c: &Completion) -> sys::ibv_wc {
     wc.qp_num = c.qp_num;
     wc.src_qp = c.src_qp.unwrap_or(0);
     wc.wc_flags = wc_flags(c);
+    wc.sl = sl(c);
     wc
 }
 
@@ -250,8 +269,9 @@ unsafe extern "C" fn read_completion_ts(p: *mut sys::ibv_cq_ex) -> u64 {
 unsafe extern "C" fn read_slid(_p: *mut sys::ibv_cq_ex) -> u32 {
     0
 }
-unsafe extern "C" fn read_sl(_p: *mut sys::ibv_cq_ex) -> u8 {
-    0
+unsafe extern "C" fn read_sl(p: *mut sys::ibv_cq_ex) -> u8 {
+    // SAFETY: passed on.
+    unsafe { read(p, sl) }
 }
 unsafe extern "C" fn read_dlid_path_bits(_p: *mut sys::ibv_cq_ex) -> u8 {
     0
@@ -469,13 +489,6 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_ch
     })
 }
 
-/// Whether the program made `fd` non-blocking (then waits do not block).
-pub(crate) fn nonblocking(fd: c_int) -> bool {
-    // SAFETY: F_GETFL on a descriptor rnic owns.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    flags >= 0 && flags & libc::O_NONBLOCK != 0
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut sys::ibv_comp_channel,
@@ -491,16 +504,12 @@ pub unsafe extern "C" fn ibv_get_cq_event(
                 ffi::out(cq_context)?,
             )
         };
-        let wait = if nonblocking(ch.c.fd) {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(3600)
-        };
         let (p, q) = loop {
-            let id = match ch.ch.get_cq_event(wait) {
+            // A read(2) of the channel's descriptor, as rdma-core's is:
+            // blocking unless the program set O_NONBLOCK (then EAGAIN), and
+            // ended with EINTR by a signal whose handler lacks SA_RESTART.
+            let id = match ch.ch.read_cq_event() {
                 Ok(id) => id,
-                Err(rnic_verbs::Error::Timeout) if wait.is_zero() => return Err(libc::EAGAIN),
-                Err(rnic_verbs::Error::Timeout) => continue,
                 Err(e) => return Err(ffi::errno_of(&e)),
             };
             let Some(&p) = ch.cqs.lock().get(&id) else {

@@ -153,15 +153,22 @@ impl Slot {
         Ok(d)
     }
 
-    /// The node GUID (see [`guid_of`]); before the NIC has an address, one
-    /// made from the device's index.
+    /// The node GUID (see [`guid_of`]) of the address the NIC has or will
+    /// have: one value for the device's life, whether asked before or
+    /// after it opens. Only a default device with no address to be had
+    /// (every loopback address taken, or an interface that is gone) has
+    /// one made from its index, and cannot open.
     fn guid(&self) -> u64 {
         let addr = self
             .nic
             .lock()
             .as_ref()
             .map(Device::addr)
-            .or(self.spec.addr);
+            .or(self.spec.addr)
+            .or_else(|| {
+                let iface = rnic_verbs::Config::from_env().ok()?.iface?;
+                Some(rnic_verbs::frames::Interface::find(&iface).ok()?.addr())
+            });
         match addr {
             Some(a) => guid_of(a),
             None => u64::from_ne_bytes([0x02, 0, 0, 0xFF, 0xFE, 0, 0, self.index as u8 + 1]),
@@ -298,13 +305,20 @@ fn read_devices() -> Result<Vec<Slot>, String> {
             return Err(format!("RNIC_DEVICES={v:?}: not UTF-8"))
         }
         Err(std::env::VarError::NotPresent) => {
-            if let Some(a) = std::env::var_os("RNIC_ADDR") {
-                rnic_verbs::parse_env_addr("RNIC_ADDR", &a.to_string_lossy())
-                    .map_err(|e| e.to_string())?;
-            }
+            let config = rnic_verbs::Config::from_env().map_err(|e| e.to_string())?;
+            // The default device's address is settled now, as a real
+            // port's is before anything opens it, so that its GUID and GID
+            // never change: RNIC_ADDR, a loopback address claimed for it
+            // (the NIC takes the claim over when it opens), or, on
+            // RNIC_IFACE, the interface's (see Slot::guid).
+            let addr = match (config.addr, &config.iface) {
+                (Some(a), _) => Some(a),
+                (None, Some(_)) => None,
+                (None, None) => rnic_verbs::reserve_loopback().ok(),
+            };
             vec![DeviceSpec {
                 name: "rnic0".into(),
-                addr: None,
+                addr,
             }]
         }
     };

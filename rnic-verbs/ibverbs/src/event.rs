@@ -18,11 +18,10 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
         let (c, out) = unsafe { (Context::from_c(ctx)?, ffi::out(event)?) };
-        // SAFETY: rnic's own context field.
-        let fd = unsafe { (*c.as_c()).async_fd };
         loop {
-            let timeout = crate::cq::nonblocking(fd).then_some(std::time::Duration::ZERO);
-            let e = match c.events.next(timeout) {
+            // A read(2) of async_fd, as rdma-core's is: blocking unless the
+            // program set O_NONBLOCK, ended by a signal without SA_RESTART.
+            let e = match c.events.read_event() {
                 Ok(e) => e,
                 Err(rnic_verbs::Error::Timeout) => return Err(libc::EAGAIN),
                 Err(e) => return Err(ffi::errno_of(&e)),

@@ -166,6 +166,33 @@ fn error_paths_reach_a_c_program() {
     assert!(stdout.contains("all error paths as expected"), "{stdout}");
 }
 
+/// Every field of a completion a C program reads, per request type on RC,
+/// UC and UD, success and the main errors; the blocking calls under
+/// signals; one node GUID (tests/c/completions.c says which and why). Over
+/// an IPv4 and an IPv6 address (UD's `sl` says which), and on the default
+/// device, whose address is chosen rather than given.
+#[test]
+fn completions_read_as_rdma_rxe_and_mlx5_report_them() {
+    let Some(exe) = build_c("completions") else {
+        return;
+    };
+    let lib = library();
+    for addr in ["127.0.0.206", "::1", "default"] {
+        let mut cmd = c_program(&exe, &lib);
+        cmd.env_remove("RNIC_ADDR").env_remove("RNIC_IFACE");
+        if addr == "default" {
+            cmd.env_remove("RNIC_DEVICES");
+        } else {
+            cmd.env("RNIC_DEVICES", format!("rnic0={addr}"));
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{addr}: {stdout}\n{stderr}");
+        assert!(stdout.contains("all completions as expected"), "{stdout}");
+    }
+}
+
 /// A ping-pong whose answering process returns from main right after
 /// taking in the last request, destroying nothing, still acknowledges
 /// that request (tests/c/exit_acks.c): its ACK, held for an answer that

@@ -6,6 +6,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
+use std::os::unix::net::UnixDatagram;
 
 use rustix::net::sockopt::{
     set_ip_mtu_discover, set_socket_send_buffer_size, set_socket_send_buffer_size_force,
@@ -68,11 +69,15 @@ pub(super) fn open_socket_shared(
 /// socket named after it does (as [`crate::frames::claim_slot`]'s). A
 /// program that binds the port without SO_REUSEPORT is refused by the
 /// kernel as before.
-pub(super) fn claim_udp(addr: IpAddr, scope: u32) -> io::Result<std::os::unix::net::UnixDatagram> {
-    use std::os::linux::net::SocketAddrExt;
-    let name = format!("rnic/udp/{addr}%{scope}/{ROCE_PORT}");
-    let at = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    std::os::unix::net::UnixDatagram::bind_addr(&at).map_err(|e| {
+///
+/// A claim this process already holds for a NIC still to come is taken
+/// over instead: one [`reserve_loopback`] made, or one inherited across
+/// `exec` ([`reserve_loopback_for_exec`]).
+pub(super) fn claim_udp(addr: IpAddr, scope: u32) -> io::Result<UnixDatagram> {
+    if let Some(c) = take_reserved(addr, scope) {
+        return Ok(c);
+    }
+    bind_claim(addr, scope).map_err(|e| {
         if e.kind() == io::ErrorKind::AddrInUse {
             io::Error::new(
                 io::ErrorKind::AddrInUse,
@@ -82,6 +87,106 @@ pub(super) fn claim_udp(addr: IpAddr, scope: u32) -> io::Result<std::os::unix::n
             e
         }
     })
+}
+
+fn claim_name(addr: IpAddr, scope: u32) -> String {
+    format!("rnic/udp/{addr}%{scope}/{ROCE_PORT}")
+}
+
+fn bind_claim(addr: IpAddr, scope: u32) -> io::Result<UnixDatagram> {
+    use std::os::linux::net::SocketAddrExt;
+    let at = std::os::unix::net::SocketAddr::from_abstract_name(claim_name(addr, scope))?;
+    UnixDatagram::bind_addr(&at)
+}
+
+/// Claims taken before their NIC opens ([`reserve_loopback`]).
+static RESERVED: parking_lot::Mutex<Vec<(IpAddr, UnixDatagram)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// Claim the first loopback address a default NIC could open on (no
+/// other NIC's, its port 4791 free), for a NIC this process opens later
+/// with [`Device::open_with`](crate::Device::open_with): the address is
+/// known, and settled, before the NIC exists, as a real port's is (the
+/// drop-in library names its default device's GUID and GIDs from it when
+/// listing devices). Held until that NIC takes it over, or the process ends.
+pub fn reserve_loopback() -> crate::Result<IpAddr> {
+    let (addr, claim) = pick_loopback()?;
+    RESERVED.lock().push((addr, claim));
+    Ok(addr)
+}
+
+/// [`reserve_loopback`] for the program this process is about to `exec`:
+/// the claim's descriptor is left open across `exec`, and the program's
+/// first NIC on the address takes it over (and closes it on its own
+/// `exec`s). `rnic exec --sysfs` uses it, so that programs started
+/// together never pick the same address.
+pub fn reserve_loopback_for_exec() -> crate::Result<IpAddr> {
+    let (addr, claim) = pick_loopback()?;
+    let fd = std::os::fd::OwnedFd::from(claim);
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).map_err(io::Error::from)?;
+    // Left open on purpose: it is the claim, for the program exec starts.
+    let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+    Ok(addr)
+}
+
+fn pick_loopback() -> crate::Result<(IpAddr, UnixDatagram)> {
+    for addr in crate::loopback_addrs() {
+        let Ok(claim) = bind_claim(addr, 0) else {
+            continue; // another rnic NIC's
+        };
+        // Not an rnic NIC's, but the port may still be another program's.
+        if UdpSocket::bind((addr, ROCE_PORT)).is_ok() {
+            return Ok((addr, claim));
+        }
+    }
+    Err(crate::Error::NoFreeAddress)
+}
+
+/// A claim on `addr` this process holds for a NIC to come: reserved, or
+/// inherited across `exec` (a descriptor of the claim's socket without
+/// close-on-exec: a NIC's own claims always have it).
+fn take_reserved(addr: IpAddr, scope: u32) -> Option<UnixDatagram> {
+    {
+        let mut r = RESERVED.lock();
+        if let Some(i) = r.iter().position(|(a, _)| *a == addr && scope == 0) {
+            return Some(r.swap_remove(i).1);
+        }
+    }
+    inherited_claim(&claim_name(addr, scope))
+}
+
+/// The claim named `name` inherited across `exec` (see
+/// [`reserve_loopback_for_exec`]), taken over: the one descriptor of this
+/// process that is a Unix socket bound to that name and lacks
+/// close-on-exec (it gets it now). A descriptor is borrowed here by its
+/// number while the process's other threads run, which is sound as long as
+/// none closes a descriptor it does not own; it is owned only if it is that
+/// socket, which nothing else in the process knows of.
+#[allow(unsafe_code)]
+fn inherited_claim(name: &str) -> Option<UnixDatagram> {
+    use rustix::io::{fcntl_getfd, fcntl_setfd, FdFlags};
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: see above.
+        let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let inherited = fcntl_getfd(b).is_ok_and(|f| !f.contains(FdFlags::CLOEXEC));
+        let named = rustix::net::getsockname(b)
+            .ok()
+            .and_then(|a| rustix::net::SocketAddrUnix::try_from(a).ok())
+            .is_some_and(|u| u.abstract_name() == Some(name.as_bytes()));
+        if inherited && named {
+            let _ = fcntl_setfd(b, FdFlags::CLOEXEC);
+            // SAFETY: the inherited claim, owned by nothing else (see above).
+            return Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+        }
+    }
+    None
 }
 
 /// Whether a NIC on `addr` sends runs of datagrams as UDP GSO sends:
