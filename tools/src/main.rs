@@ -80,9 +80,10 @@ enum Command {
         /// Every size from 2 bytes to 8 MiB, doubling.
         #[arg(short = 'a', long)]
         all_sizes: bool,
-        /// Path MTU: 256, 512, 1024, 2048 or 4096.
-        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
-        mtu: rnic_verbs::Mtu,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096; the port's active MTU if
+        /// not given, as perftest does.
+        #[arg(short = 'm', long, value_parser = parse_mtu)]
+        mtu: Option<rnic_verbs::Mtu>,
         /// Print JSON lines.
         #[arg(long)]
         json: bool,
@@ -159,9 +160,10 @@ enum Command {
         /// Round trips.
         #[arg(short = 'n', long, default_value_t = 1000)]
         iters: u64,
-        /// Path MTU: 256, 512, 1024, 2048 or 4096.
-        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
-        mtu: rnic_verbs::Mtu,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096; the port's active MTU if
+        /// not given, as perftest does.
+        #[arg(short = 'm', long, value_parser = parse_mtu)]
+        mtu: Option<rnic_verbs::Mtu>,
         /// Run the NIC on this network interface, at every address it has
         /// (its GID table), with the frame transport (needs CAP_NET_RAW): to
         /// talk to rdma_rxe or a hardware RoCE NIC. Without it, on a
@@ -186,9 +188,11 @@ enum Command {
         /// address.
         #[arg(long, value_name = "NAME=ADDR,...")]
         devices: Option<String>,
-        /// Show the devices in /sys/class/infiniband (GIDs, GID types, network
-        /// devices), in a private mount namespace of the program. Needs root
-        /// or unprivileged user namespaces.
+        /// Show the devices as a kernel's RDMA devices appear, in a private
+        /// mount namespace of the program: /sys/class/infiniband (GIDs, GID
+        /// types, network devices, what libibumad reads) and
+        /// /dev/infiniband/uverbsN (UCX looks for it). Needs root or
+        /// unprivileged user namespaces.
         #[arg(long)]
         sysfs: bool,
         /// Run the default device on this network interface, at every
@@ -281,6 +285,13 @@ fn main() -> ExitCode {
                 (true, _) => perf::Mode::Server,
                 (false, Some(host)) => perf::Mode::Client(host),
                 (false, None) => perf::Mode::Loopback,
+            };
+            let mtu = match mtu.map_or_else(perf::port_mtu, Ok) {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("rnic perf: {e}");
+                    return ExitCode::FAILURE;
+                }
             };
             let o = perf::Options {
                 op,

@@ -193,13 +193,23 @@ fn write_device(d: &Dev<'_>) -> std::io::Result<()> {
     put(&dev.join("sys_image_guid"), &guid)?;
     put(&dev.join("node_desc"), d.name)?;
     put(&dev.join("fw_ver"), env!("CARGO_PKG_VERSION"))?;
+    // What ibv_query_device says (hw_ver 0), and what libibumad reads.
+    put(&dev.join("hw_rev"), "0x0")?;
+    put(&dev.join("hca_type"), "rnic")?;
+    put(&dev.join("board_id"), "rnic")?;
     put(&port.join("state"), "4: ACTIVE")?;
     put(&port.join("phys_state"), "5: LinkUp")?;
     put(&port.join("link_layer"), "Ethernet")?;
     put(&port.join("rate"), ibverbs::PORT_LINK.rate)?;
-    put(&port.join("lid"), "0x0")?;
+    // As ibv_query_port says.
+    put(&port.join("lid"), &format!("0x{:x}", ibverbs::lid_of(own)))?;
     put(&port.join("sm_lid"), "0x0")?;
+    put(&port.join("sm_sl"), "0")?;
     put(&port.join("lid_mask_count"), "0")?;
+    put(
+        &port.join("cap_mask"),
+        &format!("0x{:08x}", ibverbs::PORT_CAP_FLAGS),
+    )?;
     put(&port.join("pkeys/0"), "0xffff")?;
     fs::create_dir_all(port.join("gid_attrs/ndevs"))?;
     for (i, &addr) in d.gids.iter().enumerate() {

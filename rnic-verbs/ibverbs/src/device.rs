@@ -176,6 +176,21 @@ impl Slot {
     }
 }
 
+/// The LID of a port on `addr`. RoCE has none on the wire; rnic gives
+/// loopback devices 127.0.0.x the LID x so that programs which address a
+/// peer by LID alone (ibv_rc_pingpong without -g) work on one host; any
+/// other address has LID 0, as a RoCE port does.
+pub fn lid_of(addr: IpAddr) -> u16 {
+    match addr {
+        IpAddr::V4(a) if a.octets()[..3] == [127, 0, 0] => u16::from(a.octets()[3]),
+        _ => 0,
+    }
+}
+
+/// The port capability flags (`port_cap_flags`, sysfs's `cap_mask`): a
+/// connection manager and IP-based GIDs, as a RoCE port of rdma_rxe.
+pub const PORT_CAP_FLAGS: u32 = sys::IBV_PORT_CM_SUP | sys::IBV_PORT_IP_BASED_GIDS;
+
 /// The node GUID of a device on `addr`: the address in EUI-64 form, as a RoCE
 /// NIC derives it from its MAC address (network byte order).
 pub fn guid_of(addr: IpAddr) -> u64 {
@@ -386,14 +401,9 @@ impl Context {
         (&self.v.context as *const sys::ibv_context).cast_mut()
     }
 
-    /// The port's LID. RoCE has none on the wire; rnic gives loopback
-    /// devices 127.0.0.x the LID x so that programs which address a peer by
-    /// LID alone (ibv_rc_pingpong without -g) work on one host.
+    /// The port's LID (see [`lid_of`]).
     pub fn lid(&self) -> u16 {
-        match self.nic.addr() {
-            IpAddr::V4(a) if a.octets()[..3] == [127, 0, 0] => u16::from(a.octets()[3]),
-            _ => 0,
-        }
+        lid_of(self.nic.addr())
     }
 
     /// The address behind a LID (see `lid`).
@@ -650,7 +660,7 @@ fn port_attr(ctx: &Context) -> sys::ibv_port_attr {
     a.max_mtu = code(p.max_mtu);
     a.active_mtu = code(p.active_mtu);
     a.gid_tbl_len = p.gid_tbl_len as c_int;
-    a.port_cap_flags = sys::IBV_PORT_CM_SUP | sys::IBV_PORT_IP_BASED_GIDS;
+    a.port_cap_flags = PORT_CAP_FLAGS;
     a.max_msg_sz = DEVICE_ATTR.max_msg_sz;
     a.pkey_tbl_len = 1;
     a.lid = ctx.lid();

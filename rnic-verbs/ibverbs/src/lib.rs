@@ -41,7 +41,9 @@ mod stubs {
     include!(concat!(env!("OUT_DIR"), "/stubs.rs"));
 }
 
-pub use device::{guid_of, netdev_of, parse_devices, DeviceSpec, PortLink, PORT_LINK};
+pub use device::{
+    guid_of, lid_of, netdev_of, parse_devices, DeviceSpec, PortLink, PORT_CAP_FLAGS, PORT_LINK,
+};
 
 /// Say once per function, on stderr, that a program called something rnic
 /// does not provide.
@@ -54,6 +56,18 @@ pub(crate) fn unsupported(name: &'static str) {
         eprintln!("rnic: {name} is not supported");
     }
     ffi::set_errno(libc::EOPNOTSUPP);
+}
+
+/// rdma-core's private logging entry (its providers' debug messages,
+/// printed only when VERBS_LOG_LEVEL asks): rnic has no provider to log
+/// for, and its own messages go through RNIC_LOG. The format's arguments
+/// are not read, which the C calling convention allows.
+#[no_mangle]
+pub extern "C" fn __verbs_log(
+    _ctx: *mut std::ffi::c_void,
+    _level: u32,
+    _format: *const std::ffi::c_char,
+) {
 }
 
 /// rdma-core's flag for providers that let a destroy succeed after the

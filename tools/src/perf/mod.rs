@@ -189,6 +189,12 @@ impl Options {
 pub(super) const T: Duration = Duration::from_secs(30);
 
 /// Run; false if any operation failed.
+/// The active MTU of a loopback port, where `rnic perf` runs: its path MTU
+/// unless `-m` says otherwise (perftest's default too).
+pub fn port_mtu() -> Res<Mtu> {
+    Ok(rnic_verbs::Device::open_loopback()?.query_port().active_mtu)
+}
+
 pub fn run(o: &Options) -> Res<bool> {
     match o.mode.clone() {
         Mode::Loopback => run_loopback(o),
