@@ -156,34 +156,29 @@ static void post_ud(struct ibv_qp *qp, uint32_t dest, uint64_t id, enum ibv_wr_o
 	CHECK(ibv_post_send(qp, &w, &bad) == 0);
 }
 
-/* The send completion of `id`: status, opcode, byte_len and flags. */
+/* The next completion on `cq`, which must be `id`'s with this status,
+ * opcode (on success), byte_len and flags; with immediate data, the one the
+ * request `id - 100` sent (receives are numbered 100 past their SEND). */
+static struct ibv_wc expect(struct ibv_cq *cq, uint64_t id, enum ibv_wc_status st,
+			    enum ibv_wc_opcode op, uint32_t len, unsigned flags)
+{
+	struct ibv_wc wc = next_wc(cq);
+	CHECK_EQ(wc.wr_id, id);
+	CHECK_EQ(wc.status, st);
+	if (st == IBV_WC_SUCCESS)
+		CHECK_EQ(wc.opcode, op);
+	CHECK_EQ(wc.byte_len, len);
+	CHECK_EQ(wc.wc_flags, flags);
+	if ((flags & IBV_WC_WITH_IMM) && id > 100)
+		CHECK_EQ(ntohl(wc.imm_data), 0xfeed0000 | (uint32_t)(id - 100));
+	return wc;
+}
+
+/* A send completion: no service level to report. */
 static void expect_send(struct ibv_cq *cq, uint64_t id, enum ibv_wc_status st,
 			enum ibv_wc_opcode op, uint32_t len, unsigned flags)
 {
-	struct ibv_wc wc = next_wc(cq);
-	CHECK_EQ(wc.wr_id, id);
-	CHECK_EQ(wc.status, st);
-	if (st == IBV_WC_SUCCESS)
-		CHECK_EQ(wc.opcode, op);
-	CHECK_EQ(wc.byte_len, len);
-	CHECK_EQ(wc.wc_flags, flags);
-	CHECK_EQ(wc.sl, 0);
-}
-
-/* The receive completion of `id`. */
-static struct ibv_wc expect_recv(struct ibv_cq *cq, uint64_t id, enum ibv_wc_status st,
-				 enum ibv_wc_opcode op, uint32_t len, unsigned flags)
-{
-	struct ibv_wc wc = next_wc(cq);
-	CHECK_EQ(wc.wr_id, id);
-	CHECK_EQ(wc.status, st);
-	if (st == IBV_WC_SUCCESS)
-		CHECK_EQ(wc.opcode, op);
-	CHECK_EQ(wc.byte_len, len);
-	CHECK_EQ(wc.wc_flags, flags);
-	if (flags & IBV_WC_WITH_IMM)
-		CHECK_EQ(ntohl(wc.imm_data), 0xfeed0000 | (uint32_t)(id - 100));
-	return wc;
+	CHECK_EQ(expect(cq, id, st, op, len, flags).sl, 0);
 }
 
 static void connected(enum ibv_qp_type t)
@@ -193,12 +188,12 @@ static void connected(enum ibv_qp_type t)
 	post_recv(p.r, 101, 4096, 4096);
 	post(p.s, t, 1, IBV_WR_SEND, MSG, 0);
 	expect_send(p.scq, 1, IBV_WC_SUCCESS, IBV_WC_SEND, MSG, 0);
-	expect_recv(p.rcq, 101, IBV_WC_SUCCESS, IBV_WC_RECV, MSG, 0);
+	expect(p.rcq, 101, IBV_WC_SUCCESS, IBV_WC_RECV, MSG, 0);
 
 	post_recv(p.r, 102, 4096, 4096);
 	post(p.s, t, 2, IBV_WR_SEND_WITH_IMM, MSG, 0);
 	expect_send(p.scq, 2, IBV_WC_SUCCESS, IBV_WC_SEND, MSG, IBV_WC_WITH_IMM);
-	expect_recv(p.rcq, 102, IBV_WC_SUCCESS, IBV_WC_RECV, MSG, IBV_WC_WITH_IMM);
+	expect(p.rcq, 102, IBV_WC_SUCCESS, IBV_WC_RECV, MSG, IBV_WC_WITH_IMM);
 
 	post(p.s, t, 3, IBV_WR_RDMA_WRITE, MSG, mr->rkey);
 	expect_send(p.scq, 3, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, MSG, 0);
@@ -207,7 +202,7 @@ static void connected(enum ibv_qp_type t)
 	post_recv(p.r, 104, 4096, 16);
 	post(p.s, t, 4, IBV_WR_RDMA_WRITE_WITH_IMM, MSG, mr->rkey);
 	expect_send(p.scq, 4, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, MSG, IBV_WC_WITH_IMM);
-	expect_recv(p.rcq, 104, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, MSG, IBV_WC_WITH_IMM);
+	expect(p.rcq, 104, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, MSG, IBV_WC_WITH_IMM);
 
 	if (rc) {
 		post(p.s, t, 5, IBV_WR_RDMA_READ, MSG, mr->rkey);
@@ -226,7 +221,7 @@ static void connected(enum ibv_qp_type t)
 		post_recv(p.r, 109, 4096, 100);
 		post(p.s, t, 9, IBV_WR_SEND_WITH_IMM, MSG, 0);
 		expect_send(p.scq, 9, IBV_WC_REM_OP_ERR, 0, 0, 0);
-		expect_recv(p.rcq, 109, IBV_WC_LOC_LEN_ERR, 0, 0, 0);
+		expect(p.rcq, 109, IBV_WC_LOC_LEN_ERR, 0, 0, 0);
 		/* The QP is in error: what is posted next is flushed. */
 		post(p.s, t, 10, IBV_WR_RDMA_WRITE, MSG, mr->rkey);
 		expect_send(p.scq, 10, IBV_WC_WR_FLUSH_ERR, 0, 0, 0);
@@ -244,7 +239,7 @@ static void connected(enum ibv_qp_type t)
 		expect_send(p.scq, 9, IBV_WC_SUCCESS, IBV_WC_SEND, MSG, 0);
 		post(p.s, t, 10, IBV_WR_SEND, 64, 0);
 		expect_send(p.scq, 10, IBV_WC_SUCCESS, IBV_WC_SEND, 64, 0);
-		expect_recv(p.rcq, 109, IBV_WC_SUCCESS, IBV_WC_RECV, 64, 0);
+		expect(p.rcq, 109, IBV_WC_SUCCESS, IBV_WC_RECV, 64, 0);
 	}
 	printf("%s: send and receive completions as rdma_rxe and mlx5 report them\n",
 	       rc ? "RC" : "UC");
@@ -264,7 +259,7 @@ static void datagram(void)
 	post_recv(p.r, 101, 4096, 4096);
 	post_ud(p.s, p.r->qp_num, 1, IBV_WR_SEND, 1000);
 	expect_send(p.scq, 1, IBV_WC_SUCCESS, IBV_WC_SEND, 1000, 0);
-	struct ibv_wc wc = expect_recv(p.rcq, 101, IBV_WC_SUCCESS, IBV_WC_RECV, 40 + 1000, IBV_WC_GRH);
+	struct ibv_wc wc = expect(p.rcq, 101, IBV_WC_SUCCESS, IBV_WC_RECV, 40 + 1000, IBV_WC_GRH);
 	CHECK_EQ(wc.sl, sl);
 	CHECK_EQ(wc.src_qp, p.s->qp_num);
 	/* Where the sl says the header is, the destination is this device's
@@ -277,7 +272,7 @@ static void datagram(void)
 	post_recv(p.r, 102, 4096, 4096);
 	post_ud(p.s, p.r->qp_num, 2, IBV_WR_SEND_WITH_IMM, 500);
 	expect_send(p.scq, 2, IBV_WC_SUCCESS, IBV_WC_SEND, 500, IBV_WC_WITH_IMM);
-	wc = expect_recv(p.rcq, 102, IBV_WC_SUCCESS, IBV_WC_RECV, 40 + 500,
+	wc = expect(p.rcq, 102, IBV_WC_SUCCESS, IBV_WC_RECV, 40 + 500,
 			 IBV_WC_GRH | IBV_WC_WITH_IMM);
 	CHECK_EQ(wc.sl, sl);
 
