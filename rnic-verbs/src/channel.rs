@@ -10,6 +10,9 @@
 //! readable while events are waiting; a spurious readiness is possible (the
 //! call then returns [`Error::Timeout`] for a zero
 //! timeout), as with any level-triggered descriptor.
+//!
+//! Asynchronous events ([`AsyncEventQueue`]) are the same thing with
+//! another kind of event: both are a [`Waiting`] queue behind a [`Bell`].
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -24,18 +27,148 @@ use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
 use crate::{Error, Result};
 
-/// The channel's shared half: what the engine signals.
+/// An eventfd that is readable while something waits behind it. Blocking,
+/// as the descriptors it stands for are in rdma-core: a program may set
+/// O_NONBLOCK itself.
 #[derive(Debug)]
-pub(crate) struct Signal {
+pub(crate) struct Bell {
     fd: OwnedFd,
-    events: Sender<CqHandle>,
 }
 
-impl Signal {
-    fn raise(&self, cq: CqHandle) {
-        let _ = self.events.send(cq);
+impl Bell {
+    fn new() -> io::Result<Bell> {
+        Ok(Bell {
+            fd: eventfd(0, EventfdFlags::CLOEXEC)?,
+        })
+    }
+
+    /// Make the descriptor readable.
+    pub fn ring(&self) {
         // Fails only when the counter would overflow, which is readable anyway.
         let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+    }
+
+    /// Make it unreadable again, without blocking whether or not the
+    /// descriptor is non-blocking.
+    fn clear(&self) {
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        if matches!(poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0) {
+            let mut counter = [0u8; 8];
+            let _ = rustix::io::read(&self.fd, &mut counter);
+        }
+    }
+
+    /// Wait until it is readable, or `timeout` passes (`None`: forever),
+    /// through signals.
+    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        let ts = match timeout {
+            Some(t) => Some(Timespec::try_from(t).map_err(|_| Error::Timeout)?),
+            None => None,
+        };
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        match poll(&mut fds, ts.as_ref()) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+            Err(e) => Err(Error::Io(e.into())),
+        }
+    }
+
+    /// Read the counter as a program's `read(2)` would: blocking or not as
+    /// the descriptor is ([`Error::Timeout`] for EAGAIN), interrupted as
+    /// the signal's disposition says.
+    fn read(&self) -> Result<()> {
+        let mut counter = [0u8; 8];
+        match rustix::io::read(&self.fd, &mut counter) {
+            Ok(_) => Ok(()),
+            Err(rustix::io::Errno::AGAIN) => Err(Error::Timeout),
+            Err(e) => Err(Error::Io(e.into())),
+        }
+    }
+}
+
+/// The engine's half of a queue of events: send one and ring the bell.
+#[derive(Debug)]
+pub(crate) struct Raise<T> {
+    events: Sender<T>,
+    bell: Arc<Bell>,
+}
+
+impl<T> Raise<T> {
+    pub fn raise(&self, e: T) {
+        let _ = self.events.send(e);
+        self.bell.ring();
+    }
+}
+
+/// The waiting half: events, and a descriptor readable while (and, but for
+/// a moment, only while) one waits, as a program that polls it before
+/// calling expects.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting<T> {
+    events: Receiver<T>,
+    bell: Arc<Bell>,
+}
+
+fn queue<T>() -> io::Result<(Raise<T>, Waiting<T>)> {
+    let bell = Arc::new(Bell::new()?);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    Ok((
+        Raise {
+            events: tx,
+            bell: bell.clone(),
+        },
+        Waiting { events: rx, bell },
+    ))
+}
+
+impl<T> Waiting<T> {
+    /// The next event if one waits. The bell is cleared before looking, so
+    /// that an event raised meanwhile rings it again; it rings on if more
+    /// wait.
+    fn take(&self) -> Option<T> {
+        self.bell.clear();
+        let e = self.events.try_recv().ok()?;
+        if !self.events.is_empty() {
+            self.bell.ring();
+        }
+        Some(e)
+    }
+
+    /// The next event, waiting up to `timeout` for one (`None`: forever;
+    /// zero: do not wait), through signals.
+    fn next(&self, timeout: Option<Duration>) -> Result<T> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(e) = self.take() {
+                return Ok(e);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout);
+            }
+            self.bell.wait(left)?;
+        }
+    }
+
+    /// The next event, waiting as `read(2)` on the descriptor waits, which
+    /// is what rdma-core's `ibv_get_cq_event` and `ibv_get_async_event`
+    /// are: for as long as it takes if the descriptor is blocking, not at
+    /// all ([`Error::Timeout`]) if the program made it non-blocking; and a
+    /// signal whose handler was installed without `SA_RESTART` ends the
+    /// wait with [`io::ErrorKind::Interrupted`] (programs such as qperf end
+    /// a test with `alarm` and count on it).
+    fn read(&self) -> Result<T> {
+        loop {
+            if let Ok(e) = self.events.try_recv() {
+                self.bell.clear();
+                if !self.events.is_empty() {
+                    self.bell.ring();
+                }
+                return Ok(e);
+            }
+            // Consumes the ring of an event raised since, which is then
+            // in the queue.
+            self.bell.read()?;
+        }
     }
 }
 
@@ -43,7 +176,7 @@ impl Signal {
 #[derive(Debug)]
 pub(crate) struct Notify {
     pub armed: Arc<AtomicBool>,
-    pub signal: Arc<Signal>,
+    pub signal: Arc<Raise<CqHandle>>,
 }
 
 impl Notify {
@@ -58,135 +191,41 @@ impl Notify {
 /// A completion channel (`ibv_create_comp_channel`).
 #[derive(Debug, Clone)]
 pub struct CompletionChannel {
-    pub(crate) signal: Arc<Signal>,
-    events: Receiver<CqHandle>,
+    pub(crate) signal: Arc<Raise<CqHandle>>,
+    waiting: Waiting<CqHandle>,
 }
 
 impl CompletionChannel {
     pub(crate) fn new() -> io::Result<CompletionChannel> {
-        // Blocking, as rdma-core's channel descriptor is: a program may set
-        // O_NONBLOCK itself, and rnic reads only after poll says readable.
-        let fd = eventfd(0, EventfdFlags::CLOEXEC)?;
-        let (events, rx) = crossbeam_channel::unbounded();
+        let (signal, waiting) = queue()?;
         Ok(CompletionChannel {
-            signal: Arc::new(Signal { fd, events }),
-            events: rx,
+            signal: Arc::new(signal),
+            waiting,
         })
     }
 
     /// Wait up to `timeout` (zero: do not wait) for an event, and return the
     /// number of the completion queue it is for
     /// ([`CompletionQueue::id`](crate::CompletionQueue::id)). The queue is
-    /// disarmed: poll it, then arm it again.
+    /// disarmed: poll it, then arm it again. Signals do not end the wait.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<u32> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            drain(&self.signal.fd);
-            if let Ok(cq) = self.events.try_recv() {
-                if !self.events.is_empty() {
-                    // More events wait: keep the descriptor readable.
-                    let _ = rustix::io::write(&self.signal.fd, &1u64.to_ne_bytes());
-                }
-                return Ok(cq.0);
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(Error::Timeout);
-            }
-            let ts = Timespec::try_from(left).map_err(|_| Error::Timeout)?;
-            let mut fds = [PollFd::new(&self.signal.fd, PollFlags::IN)];
-            match poll(&mut fds, Some(&ts)) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Error::Io(e.into())),
-            }
-        }
+        self.waiting.next(Some(timeout)).map(|cq| cq.0)
     }
 
-    /// Wait for an event as `read(2)` on the descriptor waits, which is what
-    /// rdma-core's `ibv_get_cq_event` is: for as long as it takes if the
-    /// descriptor is blocking, not at all ([`Error::Timeout`]) if the
-    /// program made it non-blocking; and a signal whose handler was
-    /// installed without `SA_RESTART` ends the wait with
-    /// [`io::ErrorKind::Interrupted`] (programs such as qperf end a test
-    /// with `alarm` and count on it). [`get_cq_event`](Self::get_cq_event)
-    /// waits through signals instead.
+    /// [`get_cq_event`](Self::get_cq_event) as `read(2)` on the descriptor
+    /// waits: as long as it takes, not at all if the descriptor is
+    /// non-blocking ([`Error::Timeout`]), ended by a signal whose handler
+    /// lacks `SA_RESTART` ([`io::ErrorKind::Interrupted`]). This is what
+    /// rdma-core's `ibv_get_cq_event` does.
     pub fn read_cq_event(&self) -> Result<u32> {
-        loop {
-            if let Ok(cq) = self.events.try_recv() {
-                // Readable while (and only while) more events wait, as a
-                // program that polls the descriptor before calling expects.
-                drain(&self.signal.fd);
-                if !self.events.is_empty() {
-                    let _ = rustix::io::write(&self.signal.fd, &1u64.to_ne_bytes());
-                }
-                return Ok(cq.0);
-            }
-            read_counter(&self.signal.fd)?;
-        }
-    }
-}
-
-/// Read an eventfd's counter as a program's `read(2)` would: blocking or
-/// not as the descriptor is, interrupted as the signal's disposition says.
-fn read_counter(fd: &OwnedFd) -> Result<()> {
-    let mut counter = [0u8; 8];
-    match rustix::io::read(fd, &mut counter) {
-        Ok(_) => Ok(()),
-        Err(rustix::io::Errno::AGAIN) => Err(Error::Timeout),
-        Err(e) => Err(Error::Io(e.into())),
+        self.waiting.read().map(|cq| cq.0)
     }
 }
 
 impl AsFd for CompletionChannel {
     /// The descriptor to poll: readable when an event waits.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.signal.fd.as_fd()
-    }
-}
-
-/// Reset an eventfd's counter if it is readable, without blocking whether or
-/// not the descriptor is non-blocking.
-fn drain(fd: &OwnedFd) {
-    let mut fds = [PollFd::new(fd, PollFlags::IN)];
-    if matches!(poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0) {
-        let mut counter = [0u8; 8];
-        let _ = rustix::io::read(fd, &mut counter);
-    }
-}
-
-/// An eventfd that is readable while something waits behind it.
-#[derive(Debug)]
-pub(crate) struct Bell {
-    fd: OwnedFd,
-}
-
-impl Bell {
-    fn new() -> io::Result<Bell> {
-        Ok(Bell {
-            // Blocking, as the descriptor it stands for is (see above).
-            fd: eventfd(0, EventfdFlags::CLOEXEC)?,
-        })
-    }
-    /// Make the descriptor readable.
-    pub fn ring(&self) {
-        // Fails only when the counter would overflow, which is readable anyway.
-        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
-    }
-    /// Make it unreadable again.
-    fn clear(&self) {
-        drain(&self.fd);
-    }
-    /// Wait until it is readable, or `timeout` passes (`None`: forever).
-    fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        let ts = match timeout {
-            Some(t) => Some(Timespec::try_from(t).map_err(|_| Error::Timeout)?),
-            None => None,
-        };
-        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
-        match poll(&mut fds, ts.as_ref()) {
-            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
-            Err(e) => Err(Error::Io(e.into())),
-        }
+        self.waiting.bell.fd.as_fd()
     }
 }
 
@@ -194,66 +233,33 @@ impl Bell {
 /// readable while one waits (`ibv_context.async_fd`).
 #[derive(Debug)]
 pub struct AsyncEventQueue {
-    events: Receiver<AsyncEvent>,
-    bell: Arc<Bell>,
+    waiting: Waiting<AsyncEvent>,
 }
 
 impl AsyncEventQueue {
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn new() -> io::Result<(AsyncEventQueue, Sender<AsyncEvent>, Arc<Bell>)> {
-        let bell = Arc::new(Bell::new()?);
-        let (tx, rx) = crossbeam_channel::unbounded();
-        Ok((
-            AsyncEventQueue {
-                events: rx,
-                bell: bell.clone(),
-            },
-            tx,
-            bell,
-        ))
+    /// The queue, and the engine's half of it.
+    pub(crate) fn new() -> io::Result<(AsyncEventQueue, Raise<AsyncEvent>)> {
+        let (raise, waiting) = queue()?;
+        Ok((AsyncEventQueue { waiting }, raise))
     }
 
     /// The next event, waiting up to `timeout` for one (`None`: forever;
-    /// zero: do not wait).
+    /// zero: do not wait). Signals do not end the wait.
     pub fn next(&self, timeout: Option<Duration>) -> Result<AsyncEvent> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            self.bell.clear();
-            if let Ok(e) = self.events.try_recv() {
-                if !self.events.is_empty() {
-                    self.bell.ring();
-                }
-                return Ok(e);
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
-                return Err(Error::Timeout);
-            }
-            self.bell.wait(left)?;
-        }
+        self.waiting.next(timeout)
     }
 
     /// The next event, waiting as `read(2)` on the descriptor does (what
     /// rdma-core's `ibv_get_async_event` is): see
     /// [`CompletionChannel::read_cq_event`].
     pub fn read_event(&self) -> Result<AsyncEvent> {
-        loop {
-            if let Ok(e) = self.events.try_recv() {
-                // Readable while (and only while) more events wait.
-                self.bell.clear();
-                if !self.events.is_empty() {
-                    self.bell.ring();
-                }
-                return Ok(e);
-            }
-            read_counter(&self.bell.fd)?;
-        }
+        self.waiting.read()
     }
 }
 
 impl AsFd for AsyncEventQueue {
     /// The descriptor to poll: readable when an event waits.
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.bell.fd.as_fd()
+        self.waiting.bell.fd.as_fd()
     }
 }

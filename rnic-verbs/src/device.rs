@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
-use crate::engine::{Engine, EngineState};
+use crate::engine::{Engine, EngineState, EventSink};
 use crate::{
     capture, frames, impair, AsyncEvent, AsyncEventQueue, Config, DeviceAttr, Error, ImpairStats,
     Impairment, Mtu, Result, TapReceiver, DEVICE_ATTR,
@@ -179,16 +179,17 @@ impl Device {
     /// Asynchronous events (`ibv_get_async_event`) from now on.
     pub fn async_events(&self) -> Result<Receiver<AsyncEvent>> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        self.engine.call(move |st| st.events = Some((tx, None)))?;
+        self.engine
+            .call(move |st| st.events = Some(EventSink::Channel(tx)))?;
         Ok(rx)
     }
 
     /// Asynchronous events from now on, with a descriptor that is readable
     /// while one waits (`ibv_context.async_fd`).
     pub fn async_event_queue(&self) -> Result<AsyncEventQueue> {
-        let (q, tx, signal) = AsyncEventQueue::new()?;
+        let (q, raise) = AsyncEventQueue::new()?;
         self.engine
-            .call(move |st| st.events = Some((tx, Some(signal))))?;
+            .call(move |st| st.events = Some(EventSink::Queue(raise)))?;
         Ok(q)
     }
 

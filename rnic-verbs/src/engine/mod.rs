@@ -73,7 +73,7 @@ pub use observe::TapEvent;
 use shared::Shared;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub use sockets::{reserve_loopback, reserve_loopback_for_exec};
-pub(crate) use state::{CqSink, EngineState};
+pub(crate) use state::{CqSink, EngineState, EventSink};
 
 /// The UDP port of RoCE v2.
 pub const ROCE_PORT: u16 = rnic_wire::ROCE_V2_PORT;

@@ -18,6 +18,17 @@ use super::hold::Hold;
 use super::sockets::open_socket;
 use super::{TapEvent, ROCE_PORT};
 
+/// Where the engine sends asynchronous events: a plain channel
+/// ([`Device::async_events`](crate::Device::async_events)), or a queue with
+/// a descriptor ([`Device::async_event_queue`](crate::Device::async_event_queue)).
+#[derive(Debug)]
+pub(crate) enum EventSink {
+    /// A channel.
+    Channel(Sender<rnic_core::srq::AsyncEvent>),
+    /// A queue whose descriptor it makes readable.
+    Queue(crate::channel::Raise<rnic_core::srq::AsyncEvent>),
+}
+
 /// Where a completion queue's completions go.
 pub(crate) struct CqSink {
     pub delivered: Arc<crate::delivered::Delivered>,
@@ -35,11 +46,8 @@ pub(crate) struct EngineState {
     /// The CQs [`EngineState::deliver`] looks at, reused.
     pub(super) pending_cqs: Vec<CqHandle>,
     pub tap: Option<Sender<TapEvent>>,
-    /// Where asynchronous events go, and a descriptor to make readable.
-    pub events: Option<(
-        Sender<rnic_core::srq::AsyncEvent>,
-        Option<Arc<crate::channel::Bell>>,
-    )>,
+    /// Where asynchronous events go.
+    pub events: Option<EventSink>,
     pub capture: Option<crate::capture::Capture>,
     /// A tracing span per queue pair: received packets and the verbs on a
     /// QP run inside it.
@@ -229,11 +237,12 @@ impl EngineState {
         }
         self.pending_cqs = pending;
         while let Some(e) = self.nic.poll_async_event() {
-            if let Some((tx, signal)) = &self.events {
-                let _ = tx.send(e);
-                if let Some(s) = signal {
-                    s.ring();
+            match &self.events {
+                Some(EventSink::Channel(tx)) => {
+                    let _ = tx.send(e);
                 }
+                Some(EventSink::Queue(q)) => q.raise(e),
+                None => {}
             }
         }
         total
