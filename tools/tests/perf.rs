@@ -40,6 +40,18 @@ fn perf_json_for_every_operation() {
     check("send -q 16 --bidir", &out, "800");
 }
 
+/// Without `-m`, the path MTU is the port's active MTU (4096 on loopback),
+/// as perftest's; `-m` still chooses.
+#[test]
+fn perf_takes_the_port_s_mtu_unless_told() {
+    let out = rnic(&["perf", "write", "-s", "64", "-n", "20"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PMTU 4096"), "{text}");
+    let out = rnic(&["perf", "write", "-s", "64", "-n", "20", "-m", "1024"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PMTU 1024"), "{text}");
+}
+
 /// `rnic perf ARGS` started as a server, its output piped.
 fn server(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_rnic"))
