@@ -43,6 +43,11 @@ pub enum Layer {
     AtomicAckEth,
     /// The 16 reserved bytes of a congestion notification packet.
     Cnp,
+    /// A management datagram's common header.
+    Mad,
+    /// A communication manager message (or the rdma_cm header in its
+    /// private data).
+    Cm,
     /// The payload and its pad bytes.
     Payload,
     /// The invariant CRC.
@@ -72,6 +77,8 @@ impl Layer {
             Layer::Aeth => "AETH",
             Layer::AtomicAckEth => "AtomicAckETH",
             Layer::Cnp => "CNP",
+            Layer::Mad => "MAD",
+            Layer::Cm => "CM",
             Layer::Payload => "payload",
             Layer::Icrc => "ICRC",
         }
@@ -132,6 +139,9 @@ pub enum ErrorKind {
     UnsupportedLinkType(u32),
     /// A file that is neither classic pcap nor pcapng, or a corrupt block.
     BadMagic(u32),
+    /// A management datagram whose class or attribute this crate does not
+    /// decode (the class, then the attribute ID).
+    UnknownAttribute(u8, u16),
 }
 
 impl fmt::Display for ErrorKind {
@@ -164,6 +174,12 @@ impl fmt::Display for ErrorKind {
             }
             ErrorKind::UnsupportedLinkType(l) => write!(f, "unsupported link type {l}"),
             ErrorKind::BadMagic(m) => write!(f, "bad magic number {m:#010x}"),
+            ErrorKind::UnknownAttribute(class, attr) => {
+                write!(
+                    f,
+                    "unknown attribute {attr:#06x} of management class {class:#04x}"
+                )
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 //! | [`icrc`] | the invariant CRC |
 //! | [`encap`] | Ethernet, IPv4, IPv6, UDP; whole frames |
 //! | [`psn`] | 24-bit sequence numbers with modular comparison |
+//! | [`mad`], [`cm`] | management datagrams on QP1, and the communication manager's messages in them (with rdma_cm's header and the kernel's derivations) |
 //! | [`pcap`] | capture files |
 //!
 //! Nothing here does I/O or keeps state, and nothing panics on bad input: every
@@ -27,6 +28,7 @@ pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
+pub mod cm;
 pub mod cnp;
 pub mod deth;
 pub mod encap;
@@ -35,6 +37,7 @@ pub mod ib;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod mad;
 pub mod opcode;
 pub mod pcap;
 pub mod psn;

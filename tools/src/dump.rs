@@ -6,8 +6,8 @@ use std::io::{self, Write};
 use rnic_wire::aeth::{self, Syndrome};
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{
-    atomic_ack_eth, atomic_eth, deth, feth, ieth, immdt, reth, xrceth, Error, Frame, IbRepr,
-    IpRepr, LinkType, Opcode, Operation,
+    atomic_ack_eth, atomic_eth, cm, deth, feth, ieth, immdt, mad, reth, xrceth, Error, Frame,
+    IbRepr, IpRepr, LinkType, Opcode, Operation,
 };
 
 /// How to print.
@@ -194,6 +194,11 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
     if ib.info().has_payload {
         line.push_str(&format!(" len={}", ib.payload().len()));
     }
+    match mad_of(f) {
+        Some(Ok(m)) => line.push_str(&format!(" | {m}")),
+        Some(Err(e)) => line.push_str(&format!(" | MAD not decoded: {e}")),
+        None => {}
+    }
     if f.icrc_ok() {
         line.push_str(" icrc=ok");
     } else {
@@ -259,6 +264,11 @@ fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
         print_opt::<aeth::Repr>(out, aeth)?;
         print_opt::<atomic_ack_eth::Repr>(out, atomic_ack_eth)?;
     }
+    match mad_of(f) {
+        Some(Ok(m)) => writeln!(out, "        {}\n        {m}", m.header)?,
+        Some(Err(e)) => writeln!(out, "        MAD not decoded: {e}")?,
+        None => {}
+    }
     if ib.info().has_payload {
         let p = ib.payload();
         let head: Vec<String> = p.iter().take(16).map(|b| format!("{b:02x}")).collect();
@@ -277,6 +287,14 @@ fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
         f.computed_icrc,
         if f.icrc_ok() { "ok" } else { "BAD" }
     )
+}
+
+/// The CM MAD a packet carries, if it is a management datagram: a UD
+/// SEND to QP1 (the General Services Interface).
+fn mad_of(f: &Frame<'_>) -> Option<Result<cm::Mad, Error>> {
+    let ib = &f.ib;
+    (ib.bth().dest_qp() == mad::GSI_QPN && ib.deth().is_some())
+        .then(|| cm::Mad::parse(ib.payload()))
 }
 
 fn print_opt<R: std::fmt::Display>(out: &mut impl Write, r: Option<R>) -> io::Result<()> {

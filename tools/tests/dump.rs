@@ -76,6 +76,38 @@ fn decodes_a_real_capture() {
         .contains("12 RoCE v2 packets, 0 ICRC failures, 0 malformed, 0 non-RoCE frames skipped"));
 }
 
+/// A management datagram on QP1 is decoded as the CM message it carries,
+/// with the rdma_cm header of a REQ.
+#[test]
+fn decodes_the_connection_manager_s_messages() {
+    let out = rnic(&[], &captures().join("cm/cm-rping.pcap"));
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "| CM REQ tid=0x00000002de6adbc3 comm=0xc3db6ade sid=0x0000000001061c06 qpn=0x000011 psn=0x35907a mtu=3 rr=1 id=1 retry=7 rnr=7 rdma_cm 10.77.0.1:51929 -> 10.77.0.2 icrc=ok",
+        "| CM REP tid=0x00000002de6adbc3 comm=0xc0db6ade/0xc3db6ade qpn=0x000011 psn=0x049db3",
+        "| CM RTU tid=0x00000002de6adbc3",
+        "| CM DREQ tid=0x00000002de6adbc3 comm=0xc3db6ade/0xc0db6ade qpn=0x000011",
+        "| CM DREP tid=0x00000002de6adbc3",
+    ] {
+        assert!(text.contains(needle), "{needle}\n{text}");
+    }
+    let out = rnic(&["-v"], &captures().join("cm/cm-rping-rej.pcap"));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(
+            "MAD class=0x07 v2 method=0x03 status=0x0000 tid=0x00000002de6adbc6 attr=0x0012"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "CM REJ tid=0x00000002de6adbc6 comm=0x00000000/0xc6db6ade rejected=Req reason=8"
+        ),
+        "{text}"
+    );
+}
+
 #[test]
 fn verbose_prints_every_header() {
     let out = rnic(&["-v"], &captures().join("rxe-ops_atomic.pcap"));
