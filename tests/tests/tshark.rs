@@ -6,31 +6,10 @@ mod common;
 use std::collections::HashMap;
 use std::process::Command;
 
+use common::{flatten, num};
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::{Frame, IpRepr, LinkType};
 use serde_json::Value;
-
-/// All values under `v` (recursively) keyed by field name; a name can repeat.
-fn flatten(v: &Value, out: &mut HashMap<String, Vec<String>>) {
-    if let Value::Object(map) = v {
-        for (k, v) in map {
-            match v {
-                Value::String(s) => out.entry(k.clone()).or_default().push(s.clone()),
-                Value::Object(_) => flatten(v, out),
-                _ => {}
-            }
-        }
-    }
-}
-
-/// A tshark number: decimal, or hex with 0x.
-fn num(s: &str) -> u64 {
-    match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => s.parse(),
-    }
-    .unwrap_or_else(|e| panic!("tshark value {s:?} is not a number: {e}"))
-}
 
 /// tshark bytes "aa:bb:cc".
 fn bytes(s: &str) -> Vec<u8> {

@@ -46,6 +46,30 @@ pub fn tool_available(program: &str, probe: &[&str]) -> bool {
     ok
 }
 
+/// All values under `v` (recursively) keyed by field name, as `tshark -T
+/// json` nests them; a name can repeat.
+pub fn flatten(v: &serde_json::Value, out: &mut std::collections::HashMap<String, Vec<String>>) {
+    use serde_json::Value;
+    if let Value::Object(map) = v {
+        for (k, v) in map {
+            match v {
+                Value::String(s) => out.entry(k.clone()).or_default().push(s.clone()),
+                Value::Object(_) => flatten(v, out),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A tshark number: decimal, or hex with 0x.
+pub fn num(s: &str) -> u64 {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+    .unwrap_or_else(|e| panic!("tshark value {s:?} is not a number: {e}"))
+}
+
 /// The Python interpreter to use for the Scapy tests.
 pub fn python() -> String {
     std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string())
