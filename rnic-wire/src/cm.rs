@@ -948,6 +948,17 @@ pub const fn flow_label_udp_sport(flow_label: u32) -> u16 {
     (low | 0xC000) as u16
 }
 
+/// The transaction ID the Linux kernel's CM gives the MADs of a connection
+/// whose sender has Local Communication ID `local_comm_id`: its CM agent's
+/// `hi_tid` above, the communication ID's four bytes read little-endian
+/// below (an ID whose bytes are `c3 db 6a de` gives `0x..._de6adbc3`).
+/// REP, REJ, MRA and SIDR_REP answer with the TID of what they answer; RTU
+/// and the active side's DREQ reuse the REQ's; the passive side's DREQ has
+/// a TID of its own; DREP echoes the DREQ's.
+pub const fn kernel_tid(hi_tid: u32, local_comm_id: u32) -> u64 {
+    (hi_tid as u64) << 32 | local_comm_id.swap_bytes() as u64
+}
+
 /// The header rdma_cm puts at the start of a REQ's or SIDR_REQ's private
 /// data (36 bytes; the application's private data follows it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1040,6 +1051,7 @@ mod tests {
         // cm-rping-v6 and cm-send-bw, from their REQs' flow labels.
         assert_eq!(flow_label_udp_sport(0x84dba), 52635);
         assert_eq!(flow_label_udp_sport(0xcea9d), 60078);
+        assert_eq!(kernel_tid(2, 0xc3db_6ade), 0x0000_0002_de6a_dbc3);
         assert_eq!(service_id(PortSpace::Tcp, 7174), 0x0106_1c06);
         assert_eq!(rdma_cm_port(0x0111_1c06), Some((PortSpace::Udp, 7174)));
         assert_eq!(rdma_cm_port(0x1_0106_1c06), None);

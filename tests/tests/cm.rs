@@ -339,9 +339,15 @@ fn every_cm_mad_of_the_kernel_parses_re_emits_and_matches_the_decode() {
                 assert!(compared.contains(k), "{what}: {k} not compared");
             }
             check_private_data(&what, &mad.message, d);
-            // rdma_cm's service ID and the kernel's flow label, from the
-            // REQ's own fields.
+            // rdma_cm's service ID, the kernel's flow label and its
+            // transaction ID, from the REQ's own fields.
             if let Message::Req(r) = &mad.message {
+                let hi = (mad.header.transaction_id >> 32) as u32;
+                assert_eq!(
+                    mad.header.transaction_id,
+                    cm::kernel_tid(hi, r.local_comm_id),
+                    "{what}"
+                );
                 let (_, port) = cm::rdma_cm_port(r.service_id).expect("an rdma_cm service ID");
                 let h = CmaHeader::parse(&r.private_data).unwrap();
                 assert_eq!(
