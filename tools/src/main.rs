@@ -160,10 +160,11 @@ enum Command {
         /// Round trips.
         #[arg(short = 'n', long, default_value_t = 1000)]
         iters: u64,
-        /// Path MTU: 256, 512, 1024, 2048 or 4096; the port's active MTU if
-        /// not given, as perftest does.
-        #[arg(short = 'm', long, value_parser = parse_mtu)]
-        mtu: Option<rnic_verbs::Mtu>,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096. 1024 if not given, as
+        /// ibv_rc_pingpong, which does not tell its peer its MTU: the two
+        /// sides must agree without saying.
+        #[arg(short = 'm', long, default_value = "1024", value_parser = parse_mtu)]
+        mtu: rnic_verbs::Mtu,
         /// Run the NIC on this network interface, at every address it has
         /// (its GID table), with the frame transport (needs CAP_NET_RAW): to
         /// talk to rdma_rxe or a hardware RoCE NIC. Without it, on a

@@ -18,8 +18,8 @@ pub struct Options {
     pub size: u32,
     /// Round trips.
     pub iters: u64,
-    /// Path MTU (the port's active MTU if not given).
-    pub mtu: Option<Mtu>,
+    /// Path MTU.
+    pub mtu: Mtu,
     /// The network interface of the frame transport, if not loopback.
     pub iface: Option<String>,
     /// The local GID, by index in the port's table, if not the device's
@@ -70,7 +70,7 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
         gid_of(remote.addr)
     );
     let opts = ConnectOptions {
-        mtu: o.mtu.unwrap_or(dev.query_port().active_mtu),
+        mtu: o.mtu,
         access: Access::NONE,
         ..ConnectOptions::default()
     };
