@@ -1,0 +1,683 @@
+//! The communication manager of one port (IBTA chapter 12): the state
+//! machine that connects two RC or UC queue pairs by exchanging REQ, REP
+//! and RTU, refuses with REJ, and disconnects with DREQ and DREP, over
+//! management datagrams on QP1 ([`rnic_wire::cm`]).
+//!
+//! Like the rest of the core it does no I/O and reads no clock: the caller
+//! hands in each received MAD and the time, takes the MADs to send from
+//! [`CmAgent::take_outgoing`] and the events for the application from
+//! [`CmAgent::take_events`], and calls [`CmAgent::on_timer`] at
+//! [`CmAgent::next_deadline`]. Moving the queue pairs through their states
+//! is the caller's, between an event and the call that answers it, as
+//! ib_cm leaves it to its users: a [`CmEvent::Reply`] is answered by
+//! [`CmAgent::ready`] (the RTU) once the active side's QP is ready to
+//! send.
+//!
+//! Where the IBTA leaves a choice this follows the Linux kernel's ib_cm,
+//! whose traffic is the reference (`rnic-wire`'s README): a REQ nobody
+//! listens for is refused with reason 8 and Local Communication ID 0; a
+//! repeated REQ is dropped while the application has not answered, and
+//! refused as a stale connection (reason 10) in timewait; a repeated REP
+//! is answered with the RTU again; a DREQ for a connection that is gone
+//! still gets its DREP; transaction IDs are those the kernel uses
+//! ([`rnic_wire::cm::kernel_tid`]).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use rnic_wire::cm::{self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, Rep, Req};
+
+use crate::rng::{self, SecretRng};
+use crate::time::Time;
+
+/// How long a connection stays in timewait after it is disconnected: the
+/// IDs of a connection just closed are refused to a late REQ for that long.
+pub const TIMEWAIT: Duration = Duration::from_secs(1);
+
+/// The wait for an answer to a REQ, REP or DREQ: 4.096 us x 2^`exponent`
+/// (a CM response timeout, IBTA 12.7.29), doubled for the round trip.
+fn response_wait(exponent: u8) -> Duration {
+    Duration::from_nanos(4096u64 << exponent.min(31)) * 2
+}
+
+/// A connection's handle: its Local Communication ID.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CmId(pub u32);
+
+/// What the active side asks for in a REQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// The service to connect to (rdma_cm's: [`cm::service_id`]).
+    pub service_id: u64,
+    /// The active side's QP.
+    pub qpn: u32,
+    /// The active side's first PSN (the passive side's receive queue
+    /// expects it).
+    pub starting_psn: u32,
+    /// RDMA READ and atomic requests the active side answers at once.
+    pub responder_resources: u8,
+    /// RDMA READ and atomic requests the active side sends at once.
+    pub initiator_depth: u8,
+    /// Transport retries.
+    pub retry_count: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// Path MTU (the verbs MTU code).
+    pub path_mtu: u8,
+    /// The path: GIDs, flow label, hop limit, local ACK timeout.
+    pub path: Path,
+    /// Transport service type: 0 RC, 1 UC.
+    pub transport: u8,
+    /// Private data (at most 92 bytes; rdma_cm's header first).
+    pub private_data: Vec<u8>,
+}
+
+/// What the passive side answers in a REP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptParams {
+    /// The passive side's QP.
+    pub qpn: u32,
+    /// The passive side's first PSN.
+    pub starting_psn: u32,
+    /// RDMA READ and atomic requests it answers at once.
+    pub responder_resources: u8,
+    /// RDMA READ and atomic requests it sends at once.
+    pub initiator_depth: u8,
+    /// RNR retries.
+    pub rnr_retry_count: u8,
+    /// Private data (at most 196 bytes).
+    pub private_data: Vec<u8>,
+}
+
+/// What the application learns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// Passive side: a REQ for a service listened on. Answer with
+    /// [`CmAgent::accept`] or [`CmAgent::reject`].
+    Request {
+        /// The new connection.
+        id: CmId,
+        /// Where the REQ came from.
+        from: IpAddr,
+        /// The REQ.
+        req: Box<Req>,
+    },
+    /// Active side: the REP. Make the QP ready (RTR, RTS), then
+    /// [`CmAgent::ready`].
+    Reply {
+        /// The connection.
+        id: CmId,
+        /// The REP.
+        rep: Box<Rep>,
+    },
+    /// The connection is established (the passive side got the RTU, the
+    /// active side sent it).
+    Established {
+        /// The connection.
+        id: CmId,
+    },
+    /// The peer refused (a REJ).
+    Rejected {
+        /// The connection.
+        id: CmId,
+        /// The REJ's reason.
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Box<[u8; cm::private_len::REJ]>,
+    },
+    /// No answer after every retry.
+    Unreachable {
+        /// The connection.
+        id: CmId,
+    },
+    /// The peer disconnected (its DREQ, answered with a DREP).
+    DisconnectRequest {
+        /// The connection.
+        id: CmId,
+    },
+    /// The connection is closed (the DREP to this side's DREQ, or no
+    /// answer to it); it rests in timewait.
+    Disconnected {
+        /// The connection.
+        id: CmId,
+    },
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmError {
+    /// No such connection.
+    NoSuchId(CmId),
+    /// The connection is not in a state that allows the call.
+    BadState(CmId),
+    /// The service is listened on already.
+    Listening(u64),
+    /// Private data longer than the message carries.
+    PrivateDataTooLong(usize),
+    /// No Local Communication ID is free.
+    NoIds,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    ReqSent,
+    ReqRcvd,
+    RepSent,
+    RepRcvd,
+    Established,
+    DreqSent,
+    Timewait,
+}
+
+#[derive(Debug)]
+struct Conn {
+    state: State,
+    peer: IpAddr,
+    remote_comm_id: u32,
+    /// The transaction of the REQ (and of what answers it).
+    tid: u64,
+    /// The last message this side sent and may send again.
+    last: Option<Mad>,
+    /// When it is sent again, or the state left (timewait).
+    deadline: Option<Time>,
+    retries_left: u8,
+    /// The peer's CM response timeout exponent (our wait for its answer).
+    response_timeout: u8,
+    /// Its QP (a DREQ names it).
+    remote_qpn: u32,
+    /// This side sent the REQ.
+    active: bool,
+}
+
+/// The communication manager of one port.
+pub struct CmAgent {
+    ca_guid: u64,
+    /// The high half of every transaction ID this agent starts.
+    hi_tid: u32,
+    ids: rng::Ids,
+    conns: HashMap<u32, Conn>,
+    listening: HashMap<u64, ()>,
+    outgoing: VecDeque<(IpAddr, Mad)>,
+    events: VecDeque<CmEvent>,
+    /// The CM response timeout exponent this side announces (20: about 4 s,
+    /// as the kernel's).
+    pub response_timeout: u8,
+    /// Retries of a REQ, REP or DREQ before giving up (15, as the kernel's).
+    pub max_retries: u8,
+}
+
+impl std::fmt::Debug for CmAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmAgent")
+            .field("connections", &self.conns.len())
+            .field("listening", &self.listening.len())
+            .finish()
+    }
+}
+
+fn copy_private<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
+    if data.len() > N {
+        return Err(CmError::PrivateDataTooLong(data.len()));
+    }
+    let mut out = [0u8; N];
+    out[..data.len()].copy_from_slice(data);
+    Ok(out)
+}
+
+impl CmAgent {
+    /// The CM of a port whose CA GUID is `ca_guid`, drawing its
+    /// communication IDs and transaction IDs with `rng`.
+    pub fn new(ca_guid: u64, mut rng: SecretRng) -> CmAgent {
+        let hi_tid = rng.next_u64() as u32;
+        CmAgent {
+            ca_guid,
+            hi_tid,
+            ids: rng::Ids::new(rng, 1, u32::MAX),
+            conns: HashMap::new(),
+            listening: HashMap::new(),
+            outgoing: VecDeque::new(),
+            events: VecDeque::new(),
+            response_timeout: 20,
+            max_retries: 15,
+        }
+    }
+
+    /// Accept REQs for `service_id`.
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if self.listening.insert(service_id, ()).is_some() {
+            return Err(CmError::Listening(service_id));
+        }
+        Ok(())
+    }
+
+    /// Stop accepting REQs for `service_id`.
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listening.remove(&service_id);
+    }
+
+    fn new_id(&mut self) -> Result<u32, CmError> {
+        let conns = &self.conns;
+        self.ids
+            .draw(|v| conns.contains_key(&v))
+            .ok_or(CmError::NoIds)
+    }
+
+    fn send(&mut self, to: IpAddr, mad: Mad) {
+        self.outgoing.push_back((to, mad));
+    }
+
+    /// Send `mad` for `id` and keep it to send again until answered.
+    fn send_kept(&mut self, now: Time, id: u32, mad: Mad) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.last = Some(mad);
+        c.retries_left = self.max_retries;
+        c.deadline = Some(now + response_wait(c.response_timeout));
+        let peer = c.peer;
+        self.send(peer, mad);
+    }
+
+    /// Active side: send a REQ to `to`; the answer comes as an event.
+    pub fn connect(&mut self, now: Time, to: IpAddr, p: &ConnectParams) -> Result<CmId, CmError> {
+        let private_data = copy_private(&p.private_data)?;
+        let id = self.new_id()?;
+        let req = Req {
+            local_comm_id: id,
+            service_id: p.service_id,
+            local_ca_guid: self.ca_guid,
+            local_qkey: 0,
+            local_qpn: p.qpn,
+            responder_resources: p.responder_resources,
+            local_eecn: 0,
+            initiator_depth: p.initiator_depth,
+            remote_eecn: 0,
+            remote_cm_response_timeout: self.response_timeout,
+            transport_service_type: p.transport,
+            end_to_end_flow_control: false,
+            starting_psn: p.starting_psn,
+            local_cm_response_timeout: self.response_timeout,
+            retry_count: p.retry_count,
+            partition_key: 0xFFFF,
+            path_mtu: p.path_mtu,
+            rdc_exists: false,
+            rnr_retry_count: p.rnr_retry_count,
+            max_cm_retries: self.max_retries,
+            srq: false,
+            extended_transport_type: 0,
+            primary: p.path,
+            alternate: Path::NONE,
+            sap_supported: false,
+            private_data,
+        };
+        let tid = cm::kernel_tid(self.hi_tid, id);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqSent,
+                peer: to,
+                remote_comm_id: 0,
+                tid,
+                last: None,
+                deadline: None,
+                retries_left: 0,
+                response_timeout: self.response_timeout,
+                remote_qpn: 0,
+                active: true,
+            },
+        );
+        self.send_kept(now, id, Mad::new(tid, Message::Req(req)));
+        Ok(CmId(id))
+    }
+
+    /// Passive side: accept the REQ of `id` with a REP.
+    pub fn accept(&mut self, now: Time, id: CmId, p: &AcceptParams) -> Result<(), CmError> {
+        let private_data = copy_private(&p.private_data)?;
+        let c = self.conns.get_mut(&id.0).ok_or(CmError::NoSuchId(id))?;
+        if c.state != State::ReqRcvd {
+            return Err(CmError::BadState(id));
+        }
+        c.state = State::RepSent;
+        let rep = Rep {
+            local_comm_id: id.0,
+            remote_comm_id: c.remote_comm_id,
+            local_qkey: 0,
+            local_qpn: p.qpn,
+            local_eecn: 0,
+            starting_psn: p.starting_psn,
+            responder_resources: p.responder_resources,
+            initiator_depth: p.initiator_depth,
+            target_ack_delay: 15,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: p.rnr_retry_count,
+            srq: false,
+            local_ca_guid: self.ca_guid,
+            private_data,
+        };
+        let tid = c.tid;
+        self.send_kept(now, id.0, Mad::new(tid, Message::Rep(rep)));
+        Ok(())
+    }
+
+    /// Refuse the REQ of `id` (passive side, before accepting; reason 28
+    /// is the application's own) or the REP (active side, before
+    /// [`CmAgent::ready`]). The connection is gone.
+    pub fn reject(&mut self, id: CmId, why: u16, private_data: &[u8]) -> Result<(), CmError> {
+        let pd = copy_private(private_data)?;
+        let c = self.conns.get(&id.0).ok_or(CmError::NoSuchId(id))?;
+        let message_rejected = match c.state {
+            State::ReqRcvd => Answered::Req,
+            State::RepRcvd => Answered::Rep,
+            _ => return Err(CmError::BadState(id)),
+        };
+        let rej = Rej {
+            local_comm_id: id.0,
+            remote_comm_id: c.remote_comm_id,
+            message_rejected,
+            reject_info_length: 0,
+            reason: why,
+            ari: [0; 72],
+            private_data: pd,
+        };
+        let (peer, tid) = (c.peer, c.tid);
+        self.conns.remove(&id.0);
+        self.send(peer, Mad::new(tid, Message::Rej(rej)));
+        Ok(())
+    }
+
+    /// Active side: the QP is ready; send the RTU. The connection is
+    /// established.
+    pub fn ready(&mut self, id: CmId) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmError::NoSuchId(id))?;
+        if c.state != State::RepRcvd {
+            return Err(CmError::BadState(id));
+        }
+        c.state = State::Established;
+        c.deadline = None;
+        let rtu = Message::Rtu(Ids {
+            local_comm_id: id.0,
+            remote_comm_id: c.remote_comm_id,
+            private_data: [0; cm::private_len::RTU],
+        });
+        let mad = Mad::new(c.tid, rtu);
+        // Kept: a repeated REP (the RTU was lost) is answered with it.
+        c.last = Some(mad);
+        let peer = c.peer;
+        self.send(peer, mad);
+        self.events.push_back(CmEvent::Established { id });
+        Ok(())
+    }
+
+    /// Disconnect an established connection (a DREQ); the end comes as
+    /// [`CmEvent::Disconnected`].
+    pub fn disconnect(&mut self, now: Time, id: CmId) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmError::NoSuchId(id))?;
+        if c.state != State::Established {
+            return Err(CmError::BadState(id));
+        }
+        c.state = State::DreqSent;
+        let dreq = Dreq {
+            local_comm_id: id.0,
+            remote_comm_id: c.remote_comm_id,
+            remote_qpn_eecn: c.remote_qpn,
+            private_data: [0; cm::private_len::DREQ],
+        };
+        // The active side's DREQ is in the REQ's transaction, the passive
+        // side's in one of its own (as the kernel's).
+        let tid = if c.active {
+            c.tid
+        } else {
+            cm::kernel_tid(self.hi_tid, id.0)
+        };
+        self.send_kept(now, id.0, Mad::new(tid, Message::Dreq(dreq)));
+        Ok(())
+    }
+
+    /// A CM MAD arrived from `from`.
+    pub fn on_mad(&mut self, now: Time, from: IpAddr, mad: &Mad) {
+        let tid = mad.header.transaction_id;
+        match &mad.message {
+            Message::Req(req) => self.on_req(from, tid, req),
+            Message::Rep(rep) => self.on_rep(from, rep),
+            Message::Rtu(rtu) => {
+                if let Some(c) = self.conns.get_mut(&rtu.remote_comm_id) {
+                    if c.state == State::RepSent && c.peer == from {
+                        c.state = State::Established;
+                        c.deadline = None;
+                        c.last = None;
+                        let id = CmId(rtu.remote_comm_id);
+                        self.events.push_back(CmEvent::Established { id });
+                    }
+                }
+            }
+            Message::Rej(rej) => {
+                let id = rej.remote_comm_id;
+                let ours = self.conns.get(&id).is_some_and(|c| {
+                    c.peer == from && matches!(c.state, State::ReqSent | State::RepSent)
+                });
+                if ours {
+                    self.conns.remove(&id);
+                    self.events.push_back(CmEvent::Rejected {
+                        id: CmId(id),
+                        reason: rej.reason,
+                        private_data: Box::new(rej.private_data),
+                    });
+                }
+            }
+            Message::Mra(mra) => {
+                // The peer needs longer: wait its service timeout more.
+                if let Some(c) = self.conns.get_mut(&mra.remote_comm_id) {
+                    if c.peer == from && c.deadline.is_some() {
+                        c.deadline = Some(now + response_wait(mra.service_timeout));
+                    }
+                }
+            }
+            Message::Dreq(dreq) => self.on_dreq(now, from, tid, dreq),
+            Message::Drep(drep) => {
+                if let Some(c) = self.conns.get_mut(&drep.remote_comm_id) {
+                    if c.state == State::DreqSent && c.peer == from {
+                        c.state = State::Timewait;
+                        c.last = None;
+                        c.deadline = Some(now + TIMEWAIT);
+                        let id = CmId(drep.remote_comm_id);
+                        self.events.push_back(CmEvent::Disconnected { id });
+                    }
+                }
+            }
+            Message::SidrReq(_) | Message::SidrRep(_) => {}
+        }
+    }
+
+    fn on_req(&mut self, from: IpAddr, tid: u64, req: &Req) {
+        // A REQ seen before: the connection it made.
+        let known = self
+            .conns
+            .iter()
+            .find(|(_, c)| c.peer == from && c.remote_comm_id == req.local_comm_id && c.tid == tid);
+        if let Some((&id, c)) = known {
+            if c.state == State::Timewait {
+                let rej = Rej {
+                    local_comm_id: id,
+                    remote_comm_id: req.local_comm_id,
+                    message_rejected: Answered::Other,
+                    reject_info_length: 0,
+                    reason: reason::STALE_CONN,
+                    ari: [0; 72],
+                    private_data: [0; cm::private_len::REJ],
+                };
+                self.send(from, Mad::new(tid, Message::Rej(rej)));
+            }
+            // Otherwise dropped: the application has not answered yet, or
+            // the REP answers it (and is sent again on its own timer).
+            return;
+        }
+        if !self.listening.contains_key(&req.service_id) {
+            let rej = Rej {
+                local_comm_id: 0,
+                remote_comm_id: req.local_comm_id,
+                message_rejected: Answered::Req,
+                reject_info_length: 0,
+                reason: reason::INVALID_SERVICE_ID,
+                ari: [0; 72],
+                private_data: [0; cm::private_len::REJ],
+            };
+            self.send(from, Mad::new(tid, Message::Rej(rej)));
+            return;
+        }
+        let Ok(id) = self.new_id() else {
+            return; // the REQ is sent again; an ID may be free by then
+        };
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqRcvd,
+                peer: from,
+                remote_comm_id: req.local_comm_id,
+                tid,
+                last: None,
+                deadline: None,
+                retries_left: 0,
+                // How long the active side takes to answer the REP.
+                response_timeout: req.local_cm_response_timeout,
+                remote_qpn: req.local_qpn,
+                active: false,
+            },
+        );
+        self.events.push_back(CmEvent::Request {
+            id: CmId(id),
+            from,
+            req: Box::new(*req),
+        });
+    }
+
+    fn on_rep(&mut self, from: IpAddr, rep: &Rep) {
+        let Some(c) = self.conns.get_mut(&rep.remote_comm_id) else {
+            return;
+        };
+        if c.peer != from {
+            return;
+        }
+        match c.state {
+            State::ReqSent => {
+                c.state = State::RepRcvd;
+                c.remote_comm_id = rep.local_comm_id;
+                c.remote_qpn = rep.local_qpn;
+                c.deadline = None;
+                c.last = None;
+                let id = CmId(rep.remote_comm_id);
+                self.events.push_back(CmEvent::Reply {
+                    id,
+                    rep: Box::new(*rep),
+                });
+            }
+            // The RTU was lost: send it again.
+            State::Established if c.remote_comm_id == rep.local_comm_id => {
+                if let Some(rtu) = c.last {
+                    let peer = c.peer;
+                    self.send(peer, rtu);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_dreq(&mut self, now: Time, from: IpAddr, tid: u64, dreq: &Dreq) {
+        let drep = Message::Drep(Ids {
+            local_comm_id: dreq.remote_comm_id,
+            remote_comm_id: dreq.local_comm_id,
+            private_data: [0; cm::private_len::DREP],
+        });
+        // Answered whatever the state: a DREQ whose DREP was lost, or for
+        // a connection gone, must not be sent for ever.
+        self.send(from, Mad::new(tid, drep));
+        let Some(c) = self.conns.get_mut(&dreq.remote_comm_id) else {
+            return;
+        };
+        if c.peer != from || c.remote_comm_id != dreq.local_comm_id {
+            return;
+        }
+        if matches!(
+            c.state,
+            State::Established | State::RepSent | State::DreqSent
+        ) {
+            let was_sending = c.state == State::DreqSent;
+            c.state = State::Timewait;
+            c.last = None;
+            c.deadline = Some(now + TIMEWAIT);
+            let id = CmId(dreq.remote_comm_id);
+            self.events.push_back(if was_sending {
+                CmEvent::Disconnected { id }
+            } else {
+                CmEvent::DisconnectRequest { id }
+            });
+        }
+    }
+
+    /// The next time [`CmAgent::on_timer`] has something to do.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.conns.values().filter_map(|c| c.deadline).min()
+    }
+
+    /// Send again what waits for an answer past its time; give up on what
+    /// has no retries left; end timewaits.
+    pub fn on_timer(&mut self, now: Time) {
+        let due: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in due {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            let state = c.state;
+            if state == State::Timewait {
+                self.conns.remove(&id);
+                continue;
+            }
+            if c.retries_left == 0 {
+                let event = match state {
+                    State::DreqSent => {
+                        c.state = State::Timewait;
+                        c.last = None;
+                        c.deadline = Some(now + TIMEWAIT);
+                        CmEvent::Disconnected { id: CmId(id) }
+                    }
+                    _ => {
+                        self.conns.remove(&id);
+                        CmEvent::Unreachable { id: CmId(id) }
+                    }
+                };
+                self.events.push_back(event);
+                continue;
+            }
+            c.retries_left -= 1;
+            c.deadline = Some(now + response_wait(c.response_timeout));
+            if let Some(m) = c.last {
+                let peer = c.peer;
+                self.send(peer, m);
+            }
+        }
+    }
+
+    /// The MADs to send, each with its destination.
+    pub fn take_outgoing(&mut self) -> impl Iterator<Item = (IpAddr, Mad)> + '_ {
+        self.outgoing.drain(..)
+    }
+
+    /// What the application learns, in order.
+    pub fn take_events(&mut self) -> impl Iterator<Item = CmEvent> + '_ {
+        self.events.drain(..)
+    }
+
+    /// Connections held (in any state, timewait included).
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,479 @@
+//! Two CM agents talking through a wire the test controls: every MAD goes
+//! through its bytes (emitted, then parsed), and may be dropped.
+
+use super::*;
+use std::net::Ipv6Addr;
+
+const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 1));
+const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 2));
+const SERVICE: u64 = 0x0106_1c06;
+
+struct Pair {
+    a: CmAgent,
+    b: CmAgent,
+    now: Time,
+    /// MADs sent, as (from, to, attribute), in order.
+    log: Vec<(IpAddr, IpAddr, &'static str)>,
+    /// Their transaction IDs.
+    tids: Vec<u64>,
+}
+
+fn agent(guid: u64, seed: u64) -> CmAgent {
+    CmAgent::new(guid, SecretRng::from_u64(seed))
+}
+
+fn connect_params() -> ConnectParams {
+    ConnectParams {
+        service_id: SERVICE,
+        qpn: 0x11,
+        starting_psn: 0x35907a,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        path_mtu: 3,
+        path: Path {
+            local_lid: 0xFFFF,
+            remote_lid: 0xFFFF,
+            local_gid: Ipv6Addr::from(0xffff_0a4d_0001u128),
+            remote_gid: Ipv6Addr::from(0xffff_0a4d_0002u128),
+            flow_label: 0x8ac4d,
+            hop_limit: 64,
+            local_ack_timeout: 19,
+            ..Path::NONE
+        },
+        transport: 0,
+        private_data: vec![7; 40],
+    }
+}
+
+fn accept_params() -> AcceptParams {
+    AcceptParams {
+        qpn: 0x12,
+        starting_psn: 0x049db3,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        private_data: b"welcome".to_vec(),
+    }
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let mut b = agent(0xb, 2);
+        b.listen(SERVICE).unwrap();
+        Pair {
+            a: agent(0xa, 1),
+            b,
+            now: Time::ZERO,
+            log: Vec::new(),
+            tids: Vec::new(),
+        }
+    }
+
+    /// Deliver what both sent (through its bytes), `drop` deciding which
+    /// of the MADs (numbered from 0 in this run) are lost; until quiet.
+    fn run(&mut self, drop: impl Fn(&str) -> bool) {
+        for _ in 0..32 {
+            let mut moved = false;
+            for from_a in [true, false] {
+                let (src, dst) = if from_a {
+                    (&mut self.a, &mut self.b)
+                } else {
+                    (&mut self.b, &mut self.a)
+                };
+                let out: Vec<_> = src.take_outgoing().collect();
+                let from = if from_a { A } else { B };
+                for (to, mad) in out {
+                    moved = true;
+                    assert_eq!(to, if from_a { B } else { A }, "sent to the peer");
+                    let mut bytes = [0u8; rnic_wire::mad::MAD_LEN];
+                    mad.emit(&mut bytes);
+                    let parsed = Mad::parse(&bytes).expect("what the agent sends parses");
+                    assert_eq!(parsed, mad);
+                    let name = mad.message.name();
+                    self.log.push((from, to, name));
+                    self.tids.push(mad.header.transaction_id);
+                    if !drop(name) {
+                        dst.on_mad(self.now, from, &parsed);
+                    }
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("the agents never went quiet");
+    }
+
+    /// Move the clock to the next deadline of either agent and fire it.
+    fn tick(&mut self) {
+        let next = [self.a.next_deadline(), self.b.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("something waits");
+        self.now = next;
+        self.a.on_timer(self.now);
+        self.b.on_timer(self.now);
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        self.log.iter().map(|l| l.2).collect()
+    }
+
+    /// Connect A to B, B accepting; the two IDs.
+    fn establish(&mut self) -> (CmId, CmId) {
+        let a_id = self.a.connect(self.now, B, &connect_params()).unwrap();
+        self.run(|_| false);
+        let b_id = match self.b.take_events().collect::<Vec<_>>().as_slice() {
+            [CmEvent::Request { id, from, req }] => {
+                assert_eq!(*from, A);
+                assert_eq!(req.service_id, SERVICE);
+                assert_eq!(req.local_qpn, 0x11);
+                assert_eq!(req.starting_psn, 0x35907a);
+                assert_eq!(&req.private_data[..40], &[7; 40]);
+                *id
+            }
+            e => panic!("{e:?}"),
+        };
+        self.b.accept(self.now, b_id, &accept_params()).unwrap();
+        self.run(|_| false);
+        match self.a.take_events().collect::<Vec<_>>().as_slice() {
+            [CmEvent::Reply { id, rep }] => {
+                assert_eq!(*id, a_id);
+                assert_eq!((rep.local_qpn, rep.starting_psn), (0x12, 0x049db3));
+                assert_eq!(&rep.private_data[..7], b"welcome");
+            }
+            e => panic!("{e:?}"),
+        }
+        self.a.ready(a_id).unwrap();
+        self.run(|_| false);
+        assert_eq!(
+            self.a.take_events().collect::<Vec<_>>(),
+            [CmEvent::Established { id: a_id }]
+        );
+        assert_eq!(
+            self.b.take_events().collect::<Vec<_>>(),
+            [CmEvent::Established { id: b_id }]
+        );
+        (a_id, b_id)
+    }
+}
+
+#[test]
+fn req_rep_rtu_establish_and_dreq_drep_close_both_ways() {
+    for active_closes in [true, false] {
+        let mut p = Pair::new();
+        let (a_id, b_id) = p.establish();
+        assert_eq!(p.names(), ["REQ", "REP", "RTU"]);
+        if active_closes {
+            p.a.disconnect(p.now, a_id).unwrap();
+        } else {
+            p.b.disconnect(p.now, b_id).unwrap();
+        }
+        p.run(|_| false);
+        let (closer, other, cid, oid) = if active_closes {
+            (&mut p.a, &mut p.b, a_id, b_id)
+        } else {
+            (&mut p.b, &mut p.a, b_id, a_id)
+        };
+        assert_eq!(
+            closer.take_events().collect::<Vec<_>>(),
+            [CmEvent::Disconnected { id: cid }]
+        );
+        assert_eq!(
+            other.take_events().collect::<Vec<_>>(),
+            [CmEvent::DisconnectRequest { id: oid }]
+        );
+        assert_eq!(&p.names()[3..], ["DREQ", "DREP"]);
+        // Transaction IDs as the kernel's: the REQ's for REP, RTU and the
+        // active side's DREQ, made from the sender's comm ID; the passive
+        // side's DREQ one of its own; the DREP echoing its DREQ.
+        let req_tid = cm::kernel_tid(p.a.hi_tid, a_id.0);
+        let dreq_tid = if active_closes {
+            req_tid
+        } else {
+            cm::kernel_tid(p.b.hi_tid, b_id.0)
+        };
+        assert_eq!(p.tids, [req_tid, req_tid, req_tid, dreq_tid, dreq_tid]);
+        // Both rest in timewait, then forget the connection.
+        assert_eq!((p.a.connections(), p.b.connections()), (1, 1));
+        p.tick();
+        assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+        assert_eq!(p.a.next_deadline(), None);
+    }
+}
+
+#[test]
+fn a_req_nobody_listens_for_is_refused_with_reason_8_and_comm_id_0() {
+    let mut p = Pair::new();
+    let mut params = connect_params();
+    params.service_id = 0x0106_1f3f;
+    let id = p.a.connect(p.now, B, &params).unwrap();
+    let mut captured = None;
+    for _ in 0..2 {
+        let out: Vec<_> = p.a.take_outgoing().collect();
+        for (_, m) in out {
+            p.b.on_mad(p.now, A, &m);
+        }
+        let back: Vec<_> = p.b.take_outgoing().collect();
+        for (_, m) in back {
+            captured = Some(m);
+            p.a.on_mad(p.now, B, &m);
+        }
+    }
+    let rej = captured.expect("a REJ");
+    match rej.message {
+        Message::Rej(r) => {
+            assert_eq!(r.reason, reason::INVALID_SERVICE_ID);
+            assert_eq!(r.local_comm_id, 0);
+            assert_eq!(r.remote_comm_id, id.0);
+            assert_eq!(r.message_rejected, Answered::Req);
+        }
+        m => panic!("{m:?}"),
+    }
+    match p.a.take_events().collect::<Vec<_>>().as_slice() {
+        [CmEvent::Rejected {
+            id: got, reason, ..
+        }] => {
+            assert_eq!((*got, *reason), (id, 8));
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(p.a.connections(), 0);
+    assert!(p.b.take_events().next().is_none());
+}
+
+#[test]
+fn the_application_s_reject_carries_its_reason_and_private_data() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let Some(CmEvent::Request { id, .. }) = p.b.take_events().next() else {
+        panic!("no request");
+    };
+    p.b.reject(id, reason::CONSUMER_DEFINED, b"not now")
+        .unwrap();
+    assert_eq!(
+        p.b.reject(id, reason::CONSUMER_DEFINED, b""),
+        Err(CmError::NoSuchId(id)),
+        "the connection is gone"
+    );
+    p.run(|_| false);
+    match p.a.take_events().collect::<Vec<_>>().as_slice() {
+        [CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+        }] => {
+            assert_eq!((*id, *reason), (a_id, 28));
+            assert_eq!(&private_data[..7], b"not now");
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+}
+
+#[test]
+fn a_lost_req_is_sent_again_and_a_repeated_one_is_not_a_second_connection() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|n| n == "REQ");
+    assert!(p.b.take_events().next().is_none(), "lost");
+    p.tick();
+    // The REQ again, byte for byte; B sees one request.
+    p.run(|_| false);
+    let events: Vec<_> = p.b.take_events().collect();
+    assert_eq!(events.len(), 1);
+    // And once more (A's timer again, B not answering yet): dropped.
+    p.tick();
+    p.run(|_| false);
+    assert!(p.b.take_events().next().is_none());
+    assert_eq!(p.b.connections(), 1);
+    assert_eq!(p.names(), ["REQ", "REQ", "REQ"]);
+    let CmEvent::Request { id, .. } = &events[0] else {
+        panic!()
+    };
+    p.b.accept(p.now, *id, &accept_params()).unwrap();
+    p.run(|_| false);
+    assert!(matches!(
+        p.a.take_events().next(),
+        Some(CmEvent::Reply { id, .. }) if id == a_id
+    ));
+}
+
+#[test]
+fn a_lost_rtu_is_answered_by_the_rep_sent_again() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let Some(CmEvent::Request { id: b_id, .. }) = p.b.take_events().next() else {
+        panic!()
+    };
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    p.run(|_| false);
+    let _ = p.a.take_events().count();
+    p.a.ready(a_id).unwrap();
+    p.run(|n| n == "RTU");
+    assert_eq!(p.a.take_events().count(), 1, "A is established");
+    assert!(p.b.take_events().next().is_none(), "B is not");
+    p.tick(); // B's REP again; A answers with the RTU again
+    p.run(|_| false);
+    assert_eq!(
+        p.b.take_events().collect::<Vec<_>>(),
+        [CmEvent::Established { id: b_id }]
+    );
+    assert_eq!(p.names(), ["REQ", "REP", "RTU", "REP", "RTU"]);
+    assert_eq!(p.b.next_deadline(), None, "nothing left to send again");
+}
+
+#[test]
+fn an_unanswered_req_gives_up_after_its_retries() {
+    let mut p = Pair::new();
+    p.a.max_retries = 3;
+    let id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    let start = p.now;
+    for _ in 0..4 {
+        p.run(|_| true);
+        p.tick();
+    }
+    assert_eq!(p.names(), ["REQ"; 4], "the first and three retries");
+    assert_eq!(
+        p.a.take_events().collect::<Vec<_>>(),
+        [CmEvent::Unreachable { id }]
+    );
+    assert_eq!(p.a.connections(), 0);
+    // Each wait is the response timeout (4.096 us x 2^20) doubled.
+    let wait = Duration::from_nanos(4096 << 20) * 2;
+    assert_eq!(p.now - start, wait * 4);
+}
+
+#[test]
+fn a_req_repeated_in_timewait_is_refused_as_stale() {
+    let mut p = Pair::new();
+    let (a_id, _) = p.establish();
+    // Keep A's REQ as a late duplicate would arrive.
+    let req = Mad::new(
+        cm::kernel_tid(p.a.hi_tid, a_id.0),
+        Message::Req(
+            Req::parse(
+                &{
+                    let mut m = [0u8; rnic_wire::mad::MAD_LEN];
+                    let mut params = connect_params();
+                    params.private_data.clear();
+                    let mut other = agent(0xa, 1);
+                    let id = other.connect(Time::ZERO, B, &params).unwrap();
+                    assert_eq!(id, a_id, "the same seed draws the same ID");
+                    let (_, mad) = other.take_outgoing().next().unwrap();
+                    mad.emit(&mut m);
+                    m
+                }[24..],
+            )
+            .unwrap(),
+        ),
+    );
+    p.a.disconnect(p.now, a_id).unwrap();
+    p.run(|_| false);
+    let _ = (p.a.take_events().count(), p.b.take_events().count());
+    p.b.on_mad(p.now, A, &req);
+    let out: Vec<_> = p.b.take_outgoing().collect();
+    match out.as_slice() {
+        [(
+            to,
+            Mad {
+                message: Message::Rej(r),
+                ..
+            },
+        )] => {
+            assert_eq!(*to, A);
+            assert_eq!(r.reason, reason::STALE_CONN);
+            assert_eq!(r.remote_comm_id, a_id.0);
+        }
+        o => panic!("{o:?}"),
+    }
+    assert!(p.b.take_events().next().is_none(), "no new connection");
+}
+
+#[test]
+fn a_dreq_is_answered_even_for_a_connection_gone_and_a_lost_drep_is_retried() {
+    let mut p = Pair::new();
+    let (a_id, b_id) = p.establish();
+    p.a.disconnect(p.now, a_id).unwrap();
+    p.run(|n| n == "DREP");
+    assert_eq!(
+        p.b.take_events().collect::<Vec<_>>(),
+        [CmEvent::DisconnectRequest { id: b_id }]
+    );
+    assert!(p.a.take_events().next().is_none());
+    // A sends the DREQ again; B answers again, though its timewait (the
+    // earlier deadline) has ended and the connection is gone.
+    p.tick();
+    assert_eq!(p.b.connections(), 0);
+    p.tick();
+    p.run(|_| false);
+    assert_eq!(
+        p.a.take_events().collect::<Vec<_>>(),
+        [CmEvent::Disconnected { id: a_id }]
+    );
+    // A DREQ for nothing at all still gets a DREP.
+    let stray = Mad::new(
+        99,
+        Message::Dreq(Dreq {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            remote_qpn_eecn: 7,
+            private_data: [0; cm::private_len::DREQ],
+        }),
+    );
+    p.b.on_mad(p.now, A, &stray);
+    match p.b.take_outgoing().collect::<Vec<_>>().as_slice() {
+        [(
+            _,
+            Mad {
+                header,
+                message: Message::Drep(d),
+            },
+        )] => {
+            assert_eq!(header.transaction_id, 99);
+            assert_eq!((d.local_comm_id, d.remote_comm_id), (6, 5));
+        }
+        o => panic!("{o:?}"),
+    }
+}
+
+#[test]
+fn misuse_is_refused_and_changes_nothing() {
+    let mut p = Pair::new();
+    assert_eq!(p.b.listen(SERVICE), Err(CmError::Listening(SERVICE)));
+    let mut params = connect_params();
+    params.private_data = vec![0; 93];
+    assert_eq!(
+        p.a.connect(p.now, B, &params),
+        Err(CmError::PrivateDataTooLong(93))
+    );
+    assert_eq!(p.a.connections(), 0);
+    let id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    assert_eq!(p.a.ready(id), Err(CmError::BadState(id)), "no REP yet");
+    assert_eq!(p.a.disconnect(p.now, id), Err(CmError::BadState(id)));
+    assert_eq!(
+        p.a.accept(p.now, id, &accept_params()),
+        Err(CmError::BadState(id))
+    );
+    assert_eq!(p.a.ready(CmId(1)), Err(CmError::NoSuchId(CmId(1))));
+    // A REP from an address that is not the peer's is ignored.
+    p.run(|_| false);
+    let Some(CmEvent::Request { id: b_id, .. }) = p.b.take_events().next() else {
+        panic!()
+    };
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    let (_, rep) = p.b.take_outgoing().next().unwrap();
+    let stranger: IpAddr = "10.77.0.9".parse().unwrap();
+    p.a.on_mad(p.now, stranger, &rep);
+    assert!(p.a.take_events().next().is_none());
+    p.a.on_mad(p.now, B, &rep);
+    assert!(matches!(
+        p.a.take_events().next(),
+        Some(CmEvent::Reply { .. })
+    ));
+}
