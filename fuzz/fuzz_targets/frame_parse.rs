@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rnic_wire::pcap::PcapReader;
 use rnic_wire::cm::{CmaHeader, Mad};
+use rnic_wire::pcap::PcapReader;
 use rnic_wire::{icrc, Frame, IbPacket, IbRepr, LinkType};
 
 fuzz_target!(|data: &[u8]| {
