@@ -22,8 +22,8 @@
 //! still gets its DREP; transaction IDs are those the kernel uses
 //! ([`rnic_wire::cm::kernel_tid`]).
 
+use core::net::IpAddr;
 use std::collections::{HashMap, VecDeque};
-use std::net::IpAddr;
 use std::time::Duration;
 
 use rnic_wire::cm::{self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, Rep, Req};

@@ -2,10 +2,10 @@
 //! through its bytes (emitted, then parsed), and may be dropped.
 
 use super::*;
-use std::net::Ipv6Addr;
+use core::net::Ipv6Addr;
 
-const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 1));
-const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 77, 0, 2));
+const A: IpAddr = IpAddr::V4(core::net::Ipv4Addr::new(10, 77, 0, 1));
+const B: IpAddr = IpAddr::V4(core::net::Ipv4Addr::new(10, 77, 0, 2));
 const SERVICE: u64 = 0x0106_1c06;
 
 struct Pair {
