@@ -190,6 +190,15 @@ struct Conn {
     active: bool,
 }
 
+impl Conn {
+    /// Closed: nothing more to send; the IDs rest until `now + TIMEWAIT`.
+    fn enter_timewait(&mut self, now: Time) {
+        self.state = State::Timewait;
+        self.last = None;
+        self.deadline = Some(now + TIMEWAIT);
+    }
+}
+
 /// The communication manager of one port.
 pub struct CmAgent {
     ca_guid: u64,
@@ -373,13 +382,8 @@ impl CmAgent {
             _ => return Err(CmError::BadState(id)),
         };
         let rej = Rej {
-            local_comm_id: id.0,
-            remote_comm_id: c.remote_comm_id,
-            message_rejected,
-            reject_info_length: 0,
-            reason: why,
-            ari: [0; 72],
             private_data: pd,
+            ..Rej::new(id.0, c.remote_comm_id, message_rejected, why)
         };
         let (peer, tid) = (c.peer, c.tid);
         self.conns.remove(&id.0);
@@ -478,9 +482,7 @@ impl CmAgent {
             Message::Drep(drep) => {
                 if let Some(c) = self.conns.get_mut(&drep.remote_comm_id) {
                     if c.state == State::DreqSent && c.peer == from {
-                        c.state = State::Timewait;
-                        c.last = None;
-                        c.deadline = Some(now + TIMEWAIT);
+                        c.enter_timewait(now);
                         let id = CmId(drep.remote_comm_id);
                         self.events.push_back(CmEvent::Disconnected { id });
                     }
@@ -498,15 +500,7 @@ impl CmAgent {
             .find(|(_, c)| c.peer == from && c.remote_comm_id == req.local_comm_id && c.tid == tid);
         if let Some((&id, c)) = known {
             if c.state == State::Timewait {
-                let rej = Rej {
-                    local_comm_id: id,
-                    remote_comm_id: req.local_comm_id,
-                    message_rejected: Answered::Other,
-                    reject_info_length: 0,
-                    reason: reason::STALE_CONN,
-                    ari: [0; 72],
-                    private_data: [0; cm::private_len::REJ],
-                };
+                let rej = Rej::new(id, req.local_comm_id, Answered::Other, reason::STALE_CONN);
                 self.send(from, Mad::new(tid, Message::Rej(rej)));
             }
             // Otherwise dropped: the application has not answered yet, or
@@ -514,15 +508,12 @@ impl CmAgent {
             return;
         }
         if !self.listening.contains_key(&req.service_id) {
-            let rej = Rej {
-                local_comm_id: 0,
-                remote_comm_id: req.local_comm_id,
-                message_rejected: Answered::Req,
-                reject_info_length: 0,
-                reason: reason::INVALID_SERVICE_ID,
-                ari: [0; 72],
-                private_data: [0; cm::private_len::REJ],
-            };
+            let rej = Rej::new(
+                0,
+                req.local_comm_id,
+                Answered::Req,
+                reason::INVALID_SERVICE_ID,
+            );
             self.send(from, Mad::new(tid, Message::Rej(rej)));
             return;
         }
@@ -603,9 +594,7 @@ impl CmAgent {
             State::Established | State::RepSent | State::DreqSent
         ) {
             let was_sending = c.state == State::DreqSent;
-            c.state = State::Timewait;
-            c.last = None;
-            c.deadline = Some(now + TIMEWAIT);
+            c.enter_timewait(now);
             let id = CmId(dreq.remote_comm_id);
             self.events.push_back(if was_sending {
                 CmEvent::Disconnected { id }
@@ -641,9 +630,7 @@ impl CmAgent {
             if c.retries_left == 0 {
                 let event = match state {
                     State::DreqSent => {
-                        c.state = State::Timewait;
-                        c.last = None;
-                        c.deadline = Some(now + TIMEWAIT);
+                        c.enter_timewait(now);
                         CmEvent::Disconnected { id: CmId(id) }
                     }
                     _ => {

@@ -411,6 +411,24 @@ pub struct Rej {
 }
 
 impl Rej {
+    /// A REJ with no reject information and no private data.
+    pub const fn new(
+        local_comm_id: u32,
+        remote_comm_id: u32,
+        message_rejected: Answered,
+        reason: u16,
+    ) -> Rej {
+        Rej {
+            local_comm_id,
+            remote_comm_id,
+            message_rejected,
+            reject_info_length: 0,
+            reason,
+            ari: [0; 72],
+            private_data: [0; private_len::REJ],
+        }
+    }
+
     /// Parse a REJ from a MAD's CM data.
     pub fn parse(b: &[u8]) -> Result<Rej> {
         let b = data(b)?;
@@ -746,6 +764,20 @@ impl Message {
             Message::Drep(_) => "DREP",
             Message::SidrReq(_) => "SIDR_REQ",
             Message::SidrRep(_) => "SIDR_REP",
+        }
+    }
+
+    /// Its private data (for a REQ or SIDR_REQ, rdma_cm's header first).
+    pub fn private_data(&self) -> &[u8] {
+        match self {
+            Message::Req(m) => &m.private_data,
+            Message::Mra(m) => &m.private_data,
+            Message::Rej(m) => &m.private_data,
+            Message::Rep(m) => &m.private_data,
+            Message::Rtu(m) | Message::Drep(m) => &m.private_data,
+            Message::Dreq(m) => &m.private_data,
+            Message::SidrReq(m) => &m.private_data,
+            Message::SidrRep(m) => &m.private_data,
         }
     }
 

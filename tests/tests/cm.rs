@@ -202,22 +202,8 @@ fn ours(m: &Mad) -> HashMap<&'static str, String> {
     f
 }
 
-/// The private data a message carries, and what the decode says of it.
-fn private_data(m: &Message) -> &[u8] {
-    match m {
-        Message::Req(r) => &r.private_data,
-        Message::Mra(r) => &r.private_data,
-        Message::Rej(r) => &r.private_data,
-        Message::Rep(r) => &r.private_data,
-        Message::Rtu(r) | Message::Drep(r) => &r.private_data,
-        Message::Dreq(r) => &r.private_data,
-        Message::SidrReq(r) => &r.private_data,
-        Message::SidrRep(r) => &r.private_data,
-    }
-}
-
 fn check_private_data(what: &str, m: &Message, d: &Decoded) {
-    let pd = private_data(m);
+    let pd = m.private_data();
     for line in &d.lines {
         if let Some(rest) = line.strip_prefix("private data: all ") {
             let n: usize = rest.split(' ').next().unwrap().parse().unwrap();
