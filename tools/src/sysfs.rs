@@ -41,24 +41,12 @@ pub struct Dev<'a> {
 pub fn enter(devs: &[Dev<'_>]) -> Result<(), String> {
     private_namespace()?;
     let err = |what: &str, e: std::io::Error| format!("--sysfs: {what}: {e}");
-    // The classes there now, reachable through a descriptor once the tmpfs
-    // covers their path.
-    let old = fs::File::open(CLASS).map_err(|e| err(CLASS, e))?;
-    let classes: Vec<String> = fs::read_dir(CLASS)
-        .map_err(|e| err(CLASS, e))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n != "infiniband" && n != "infiniband_verbs")
-        .collect();
-    mount::mount("rnic", CLASS, "tmpfs", MountFlags::empty(), c"mode=0755")
-        .map_err(|e| err("mount a tmpfs on /sys/class", e.into()))?;
-    for c in &classes {
-        let target = Path::new(CLASS).join(c);
-        fs::create_dir(&target).map_err(|e| err(c, e))?;
-        let source = format!("/proc/self/fd/{}/{c}", old.as_raw_fd());
-        mount::mount_bind_recursive(&source, &target)
-            .map_err(|e| err(&format!("bind {c}"), e.into()))?;
-    }
-    drop(old);
+    cover(
+        CLASS,
+        &["infiniband", "infiniband_verbs"],
+        MountFlags::empty(),
+    )
+    .map_err(|e| err(CLASS, e))?;
     for d in devs {
         write_device(d).map_err(|e| err(d.name, e))?;
     }
@@ -67,39 +55,57 @@ pub fn enter(devs: &[Dev<'_>]) -> Result<(), String> {
     device_nodes(devs.len()).map_err(|e| format!("--sysfs: /dev/infiniband: {e}"))
 }
 
+/// Cover `dir` with a tmpfs of this namespace (mounted with `flags`) and
+/// put back every entry it had but those in `left_out`: directories and
+/// files bound in place, symbolic links made again. Each stays the real
+/// one; only what is left out, or added after, is the view's.
+fn cover(dir: &str, left_out: &[&str], flags: MountFlags) -> std::io::Result<()> {
+    let context =
+        |what: &str, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
+    // The entries there now, reachable through a descriptor once the tmpfs
+    // covers their path.
+    let old = fs::File::open(dir)?;
+    let entries: Vec<String> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| !left_out.contains(&n.as_str()))
+        .collect();
+    mount::mount("rnic", dir, "tmpfs", flags, c"mode=0755")
+        .map_err(|e| context("mount a tmpfs", e.into()))?;
+    for e in &entries {
+        let source = format!("/proc/self/fd/{}/{e}", old.as_raw_fd());
+        let target = Path::new(dir).join(e);
+        let kind = fs::symlink_metadata(&source)
+            .map_err(|x| context(e, x))?
+            .file_type();
+        let put_back = || -> std::io::Result<()> {
+            if kind.is_symlink() {
+                std::os::unix::fs::symlink(fs::read_link(&source)?, &target)
+            } else if kind.is_dir() {
+                fs::create_dir(&target)?;
+                Ok(mount::mount_bind_recursive(&source, &target)?)
+            } else {
+                fs::File::create(&target)?;
+                Ok(mount::mount_bind(&source, &target)?)
+            }
+        };
+        put_back().map_err(|x| context(&format!("bind {e}"), x))?;
+    }
+    Ok(())
+}
+
 /// `/dev/infiniband/uverbsN` for each of `n` devices, as `ibv_device.dev_name`
 /// names them: programs such as UCX take a verbs device for usable only
 /// if that node is a character device they may read and write, though rnic's
 /// library never opens it. `/dev` is covered by a tmpfs of this namespace
 /// with every entry of the real one bound (or, for symbolic links, made)
-/// back in place, so nothing is created in the host's `/dev`. Each node has
+/// back in place ([`cover`]), so nothing is created in the host's `/dev`. Each node has
 /// the numbers the kernel gives uverbs devices (231, 192 + N): with no RDMA
 /// driver loaded, opening it fails (ENXIO), which is what it should do.
 /// Where nodes cannot be made (a user namespace), `/dev/null` is bound in
 /// its place: a character device that can be read and written.
 fn device_nodes(n: usize) -> std::io::Result<()> {
     const DEV: &str = "/dev";
-    let old = fs::File::open(DEV)?;
-    let entries: Vec<String> = fs::read_dir(DEV)?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n != "infiniband")
-        .collect();
-    mount::mount("rnic", DEV, "tmpfs", MountFlags::NOSUID, c"mode=0755")?;
-    for e in &entries {
-        let source = format!("/proc/self/fd/{}/{e}", old.as_raw_fd());
-        let target = Path::new(DEV).join(e);
-        let kind = fs::symlink_metadata(&source)?.file_type();
-        if kind.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(&source)?, &target)?;
-        } else if kind.is_dir() {
-            fs::create_dir(&target)?;
-            mount::mount_bind_recursive(&source, &target)?;
-        } else {
-            fs::File::create(&target)?;
-            mount::mount_bind(&source, &target)?;
-        }
-    }
-    drop(old);
+    cover(DEV, &["infiniband"], MountFlags::NOSUID)?;
     let ib = Path::new(DEV).join("infiniband");
     fs::create_dir(&ib)?;
     for i in 0..n {
