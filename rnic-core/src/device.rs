@@ -38,3 +38,28 @@ pub const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 /// The QP numbers handed out: 0 and 1 are the special QPs and 0xFFFFFF
 /// multicast; rdma_rxe starts at 0x11.
 pub(crate) const QPNS: (u32, u32) = (0x11, 0xFF_FFFE);
+
+/// The node GUID of a NIC whose address is `addr`, as the eight bytes of an
+/// EUI-64 in network order: an IPv4 address as a MAC address
+/// 02:00:a:b:c:d would give it (`02 00 a ff fe b c d`), an IPv6 address's
+/// interface identifier. RoCE NICs derive theirs from their MAC address;
+/// rnic has none, and its address names it as well.
+pub fn node_guid_bytes(addr: core::net::IpAddr) -> [u8; 8] {
+    match addr {
+        core::net::IpAddr::V4(a) => {
+            let o = a.octets();
+            [0x02, 0, o[0], 0xFF, 0xFE, o[1], o[2], o[3]]
+        }
+        core::net::IpAddr::V6(a) => {
+            let mut b = [0; 8];
+            b.copy_from_slice(&a.octets()[8..16]);
+            b
+        }
+    }
+}
+
+/// [`node_guid_bytes`] as the number the CM's messages carry (read
+/// big-endian).
+pub fn node_guid(addr: core::net::IpAddr) -> u64 {
+    u64::from_be_bytes(node_guid_bytes(addr))
+}

@@ -184,6 +184,11 @@ impl Ids {
     pub fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()
     }
+
+    /// A generator of its own, split from this one's stream.
+    pub fn split(&mut self) -> SecretRng {
+        self.rng.split()
+    }
 }
 
 #[cfg(test)]

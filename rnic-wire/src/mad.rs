@@ -17,6 +17,10 @@ pub const DATA_LEN: usize = MAD_LEN - HEADER_LEN;
 pub const GSI_QPN: u32 = 1;
 /// The Q_Key of QP1 (IBTA 13.5.1): a well-known, privileged Q_Key.
 pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The UDP source port of every QP1 packet the Linux kernel sends over
+/// RoCE v2, whatever the peer (the captures show no other): QP1 has no
+/// connection whose numbers a port could be derived from.
+pub const GSI_UDP_SOURCE_PORT: u16 = 55410;
 /// Base version of every MAD.
 pub const BASE_VERSION: u8 = 1;
 /// Management class of the communication manager (IBTA 13.4.4).

@@ -10,6 +10,7 @@
 //! generates, the timers). This module holds the NIC itself and what every
 //! event shares: the QPs' context, and what settles after an event.
 
+mod gsi;
 mod post;
 mod receive;
 mod transmit;
@@ -97,7 +98,12 @@ pub struct Nic {
     /// The ICRC deltas of GSO segments for the last IB length that needed
     /// them ([`icrc::udp_ident`]).
     gso_deltas: Option<icrc::IdDeltas>,
+    /// QP1 and the communication manager, once met ([`gsi`]).
+    gsi: Option<gsi::Gsi>,
+    gsi_counters: gsi::GsiCounters,
 }
+
+pub use gsi::GsiCounters;
 
 impl fmt::Debug for Nic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -147,6 +153,8 @@ impl Nic {
             timers: Timers::new(),
             now: Time::ZERO,
             gso_deltas: None,
+            gsi: None,
+            gsi_counters: GsiCounters::default(),
         }
     }
 

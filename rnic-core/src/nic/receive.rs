@@ -150,6 +150,10 @@ impl Nic {
             return;
         }
         let qpn = pkt.bth().dest_qp();
+        if qpn == rnic_wire::mad::GSI_QPN {
+            self.gsi_packet(now, src, pkt);
+            return;
+        }
         let (qps, mut ctx) = self.parts(now);
         let Some(qp) = qps.get_mut(qpn) else {
             ctx.counters.unknown_qp += 1;

@@ -79,6 +79,7 @@ impl Nic {
     }
 
     pub(super) fn handle_timeout_inner(&mut self, now: Time) {
+        self.gsi_timeout(now);
         // The due entries, earliest first (the same order on every replay);
         // a QP is served once however many entries it has.
         let mut due = Vec::new();
@@ -141,7 +142,11 @@ impl Nic {
     /// When [`Nic::handle_timeout`] must next be called: the front of the
     /// timers, not a walk over the QPs.
     pub fn next_deadline(&self) -> Option<Time> {
-        self.timers.peek().map(|&core::cmp::Reverse((t, _))| t)
+        let qps = self.timers.peek().map(|&core::cmp::Reverse((t, _))| t);
+        match (qps, self.gsi_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Timer entries held, live and stale (a diagnostic: it stays near the

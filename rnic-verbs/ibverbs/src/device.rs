@@ -194,14 +194,7 @@ pub const PORT_CAP_FLAGS: u32 = sys::IBV_PORT_CM_SUP | sys::IBV_PORT_IP_BASED_GI
 /// The node GUID of a device on `addr`: the address in EUI-64 form, as a RoCE
 /// NIC derives it from its MAC address (network byte order).
 pub fn guid_of(addr: IpAddr) -> u64 {
-    let b = match addr {
-        IpAddr::V4(a) => {
-            let o = a.octets();
-            [0x02, 0, o[0], 0xFF, 0xFE, o[1], o[2], o[3]]
-        }
-        IpAddr::V6(a) => a.octets()[8..16].try_into().unwrap_or([0; 8]),
-    };
-    u64::from_ne_bytes(b)
+    u64::from_ne_bytes(rnic_core::device::node_guid_bytes(addr))
 }
 
 /// The network interface `addr` is on (its name and index): the one holding

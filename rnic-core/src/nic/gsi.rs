@@ -1,0 +1,487 @@
+//! QP1, the General Services Interface: the queue pair every port has for
+//! management datagrams, here the communication manager's
+//! ([`crate::cm`]). It is no [`crate::rc::Qp`]: nothing posts to it and
+//! nothing polls it. A packet to QP 1 is checked as IBTA 13.5 says (a UD
+//! SEND_ONLY, the default partition, the GSI's Q_Key, a whole MAD), handed
+//! to the NIC's [`CmAgent`], and what the agent answers leaves as UD
+//! SEND_ONLY packets from QP 1 to QP 1, from the UDP source port the
+//! kernel's QP1 uses.
+//!
+//! The agent is made when the NIC first meets the CM (a packet to QP 1, or
+//! a call of [`Nic::cm`]), its IDs drawn from a stream split from the QP
+//! numbers' then: a NIC that never connects through the CM draws the same
+//! QP numbers from a seed as before the CM existed.
+
+use core::net::IpAddr;
+
+use rnic_wire::cm::Mad;
+use rnic_wire::mad::{GSI_QKEY, GSI_QPN, GSI_UDP_SOURCE_PORT, MAD_LEN};
+use rnic_wire::{bth, deth, icrc, IbPacket, IbRepr, Opcode, Psn};
+
+use crate::cm::{CmAgent, CmEvent};
+use crate::datagram::{Datagram, Header};
+use crate::time::Time;
+
+use super::Nic;
+
+/// QP1's state beyond the agent: the PSN of its next packet, the agent's
+/// next deadline (kept here, so that the NIC's own deadline costs no walk
+/// over the connections), and the UDP port it sends from.
+#[derive(Debug)]
+pub(super) struct Gsi {
+    pub agent: CmAgent,
+    psn: Psn,
+    pub deadline: Option<Time>,
+}
+
+/// What became of the packets to QP 1 (a part of [`crate::Counters`]'
+/// story the CM tells on its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GsiCounters {
+    /// CM MADs taken in.
+    pub mads_received: u64,
+    /// CM MADs sent (retries included).
+    pub mads_sent: u64,
+    /// Packets to QP 1 dropped: not a UD SEND_ONLY, a P_Key of another
+    /// partition, a Q_Key other than the GSI's.
+    pub dropped_bad_header: u64,
+    /// MADs dropped: short, not base version 1, a management class other
+    /// than the CM's, an attribute the CM does not define.
+    pub dropped_bad_mad: u64,
+}
+
+impl Nic {
+    /// The NIC's communication manager, made on first use. After calling
+    /// into it, [`Nic::cm_settle`] sends what it produced.
+    pub fn cm(&mut self) -> &mut CmAgent {
+        &mut self.gsi().agent
+    }
+
+    fn gsi(&mut self) -> &mut Gsi {
+        let addr = self.addrs[0];
+        let qpns = &mut self.qpns;
+        self.gsi.get_or_insert_with(|| Gsi {
+            agent: CmAgent::new(crate::device::node_guid(addr), qpns.split()),
+            psn: Psn::new(0),
+            deadline: None,
+        })
+    }
+
+    /// Run `f` on the communication manager at `now`, then queue the MADs
+    /// it produced: how a driver calls [`CmAgent::connect`],
+    /// [`CmAgent::accept`] and the rest.
+    pub fn cm_call<R>(&mut self, now: Time, f: impl FnOnce(&mut CmAgent, Time) -> R) -> R {
+        self.now = self.now.max(now);
+        let r = f(self.cm(), now);
+        self.cm_settle();
+        r
+    }
+
+    /// Queue what the communication manager has to send, and note its
+    /// next deadline.
+    pub fn cm_settle(&mut self) {
+        let Some(g) = self.gsi.as_mut() else { return };
+        let out: Vec<(IpAddr, Mad)> = g.agent.take_outgoing().collect();
+        g.deadline = g.agent.next_deadline();
+        for (to, mad) in out {
+            self.send_mad(to, &mad);
+        }
+    }
+
+    /// The next thing the communication manager tells the application.
+    pub fn poll_cm_event(&mut self) -> Option<CmEvent> {
+        self.gsi.as_mut()?.agent.take_events().next()
+    }
+
+    /// What QP 1 has counted.
+    pub fn gsi_counters(&self) -> GsiCounters {
+        self.gsi_counters
+    }
+
+    /// A MAD to `to`'s QP 1, from the NIC's address of its family.
+    fn send_mad(&mut self, to: IpAddr, mad: &Mad) {
+        let Some(src) = self.source_for(to) else {
+            self.counters.send_err += 1;
+            return;
+        };
+        let psn = {
+            let g = self.gsi();
+            let psn = g.psn;
+            g.psn = psn.next();
+            psn
+        };
+        let mut ib = IbRepr::new(bth::Repr::new(Opcode::UD_SEND_ONLY, GSI_QPN, psn));
+        ib.deth = Some(deth::Repr {
+            q_key: GSI_QKEY,
+            src_qp: GSI_QPN,
+        });
+        ib.payload_len = MAD_LEN;
+        let mut buf = self.pool.take();
+        buf.clear();
+        buf.resize(ib.buffer_len(), 0);
+        if ib.emit_with(&mut buf, |p| mad.emit(p)).is_err() {
+            self.counters.send_err += 1;
+            return;
+        }
+        let n = buf.len();
+        match icrc::for_udp(src, to, GSI_UDP_SOURCE_PORT, &buf[..n - 4]) {
+            Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
+            Err(_) => {
+                self.counters.send_err += 1;
+                return;
+            }
+        }
+        self.gsi_counters.mads_sent += 1;
+        self.counters.sent_pkts += 1;
+        self.tx.push(Datagram {
+            src,
+            dst: to,
+            src_port: GSI_UDP_SOURCE_PORT,
+            payload: buf,
+            header: Some(Header::of(&ib)),
+            ipv4_id: 0,
+        });
+    }
+
+    /// A packet to QP 1 from `src`, its ICRC verified.
+    pub(super) fn gsi_packet(&mut self, now: Time, src: IpAddr, pkt: &IbPacket<&[u8]>) {
+        let qkey = pkt.deth().map(|d| d.q_key());
+        let header_ok = pkt.bth().opcode() == Opcode::UD_SEND_ONLY
+            && super::receive::pkey_matches(pkt.bth().p_key(), bth::DEFAULT_P_KEY)
+            && qkey == Some(GSI_QKEY);
+        if !header_ok {
+            self.gsi_counters.dropped_bad_header += 1;
+            return;
+        }
+        // A MAD is 256 bytes; what a sender pads it to beyond that is
+        // not the MAD's.
+        let Some(mad) = pkt
+            .payload()
+            .get(..MAD_LEN)
+            .and_then(|b| Mad::parse(b).ok())
+        else {
+            self.gsi_counters.dropped_bad_mad += 1;
+            return;
+        };
+        self.counters.rcvd_pkts += 1;
+        self.gsi_counters.mads_received += 1;
+        self.cm_call(now, |cm, now| cm.on_mad(now, src, &mad));
+    }
+
+    /// The communication manager's timers, if due.
+    pub(super) fn gsi_timeout(&mut self, now: Time) {
+        if self
+            .gsi
+            .as_ref()
+            .and_then(|g| g.deadline)
+            .is_some_and(|d| d <= now)
+        {
+            self.cm_call(now, |cm, now| cm.on_timer(now));
+        }
+    }
+
+    /// When the communication manager next needs [`Nic::handle_timeout`].
+    pub(super) fn gsi_deadline(&self) -> Option<Time> {
+        self.gsi.as_ref().and_then(|g| g.deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use core::net::{Ipv4Addr, Ipv6Addr};
+    use std::time::Duration;
+
+    use rnic_wire::cm::{Message, Path, Rej};
+
+    use super::*;
+    use crate::cm::{AcceptParams, ConnectParams};
+    use crate::sim::{Cluster, LinkConfig};
+
+    const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    const SERVICE: u64 = 0x0106_4e20;
+
+    fn gid(a: IpAddr) -> Ipv6Addr {
+        match a {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        }
+    }
+
+    fn connect_params() -> ConnectParams {
+        ConnectParams {
+            service_id: SERVICE,
+            qpn: 0x123,
+            starting_psn: 0x10_0000,
+            responder_resources: 4,
+            initiator_depth: 4,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            path_mtu: 3,
+            path: Path {
+                local_lid: 0xFFFF,
+                remote_lid: 0xFFFF,
+                local_gid: gid(A),
+                remote_gid: gid(B),
+                hop_limit: 64,
+                local_ack_timeout: 18,
+                ..Path::NONE
+            },
+            transport: 0,
+            private_data: b"hello".to_vec(),
+        }
+    }
+
+    /// Two NICs and every datagram that passed between them.
+    struct Wire {
+        nics: [crate::Nic; 2],
+        seen: Vec<Datagram>,
+    }
+
+    impl Wire {
+        fn new() -> Wire {
+            Wire {
+                nics: [crate::Nic::new(A, 1), crate::Nic::new(B, 2)],
+                seen: Vec::new(),
+            }
+        }
+
+        /// Deliver until both are quiet.
+        fn run(&mut self) {
+            for _ in 0..100 {
+                let mut moved = false;
+                for i in 0..2 {
+                    while let Some(d) = self.nics[i].poll_transmit() {
+                        self.nics[1 - i].handle_datagram(Time::ZERO, &d);
+                        self.seen.push(d);
+                        moved = true;
+                    }
+                }
+                if !moved {
+                    return;
+                }
+            }
+            panic!("the NICs never went quiet");
+        }
+
+        fn events(&mut self, i: usize) -> Vec<CmEvent> {
+            std::iter::from_fn(|| self.nics[i].poll_cm_event()).collect()
+        }
+    }
+
+    /// REQ, REP and RTU cross the simulated wire as UD packets between the
+    /// two NICs' QP 1, from UDP port 55410, and each side ends with the
+    /// other's QP number and PSN.
+    #[test]
+    fn two_nics_connect_through_qp1() {
+        let mut w = Wire::new();
+        let now = Time::ZERO;
+        w.nics[1].cm().listen(SERVICE).unwrap();
+        let id_a = w.nics[0]
+            .cm_call(now, |cm, now| cm.connect(now, B, &connect_params()))
+            .unwrap();
+        w.run();
+        let [CmEvent::Request {
+            id: id_b,
+            from,
+            req,
+        }] = &w.events(1)[..]
+        else {
+            panic!("B saw no REQ");
+        };
+        assert_eq!(
+            (*from, req.local_qpn, req.starting_psn),
+            (A, 0x123, 0x10_0000)
+        );
+        assert_eq!(&req.private_data[..5], b"hello");
+        let accept = AcceptParams {
+            qpn: 0x456,
+            starting_psn: 0x20_0000,
+            responder_resources: 4,
+            initiator_depth: 4,
+            rnr_retry_count: 7,
+            private_data: vec![],
+        };
+        let id_b = *id_b;
+        w.nics[1]
+            .cm_call(now, |cm, now| cm.accept(now, id_b, &accept))
+            .unwrap();
+        w.run();
+        let [CmEvent::Reply { id, rep }] = &w.events(0)[..] else {
+            panic!("A saw no REP");
+        };
+        assert_eq!(
+            (*id, rep.local_qpn, rep.starting_psn),
+            (id_a, 0x456, 0x20_0000)
+        );
+        w.nics[0].cm_call(now, |cm, _| cm.ready(id_a)).unwrap();
+        w.run();
+        assert_eq!(w.events(0), [CmEvent::Established { id: id_a }]);
+        assert_eq!(w.events(1), [CmEvent::Established { id: id_b }]);
+        // Every packet: UD SEND_ONLY, QP 1 to QP 1, from port 55410.
+        assert_eq!(w.seen.len(), 3);
+        for d in &w.seen {
+            assert_eq!(d.src_port, GSI_UDP_SOURCE_PORT);
+            let p = IbPacket::new_checked(&d.payload[..]).unwrap();
+            assert_eq!(p.bth().opcode(), Opcode::UD_SEND_ONLY);
+            assert_eq!(p.bth().dest_qp(), GSI_QPN);
+            assert_eq!(
+                p.deth().map(|d| (d.q_key(), d.src_qp())),
+                Some((GSI_QKEY, 1))
+            );
+        }
+        assert_eq!(w.nics[1].gsi_counters().mads_received, 2);
+        assert_eq!(w.nics[0].gsi_counters().mads_sent, 2);
+    }
+
+    /// A packet to QP 1 from A's address, built from parts.
+    fn to_qp1(opcode: Opcode, p_key: u16, q_key: u32, mad: &[u8]) -> Datagram {
+        let mut ib = IbRepr::new(bth::Repr::new(opcode, GSI_QPN, Psn::new(0)));
+        ib.bth.p_key = p_key;
+        ib.deth = Some(deth::Repr {
+            q_key,
+            src_qp: GSI_QPN,
+        });
+        if opcode == Opcode::UD_SEND_ONLY_WITH_IMMEDIATE {
+            ib.immdt = Some(rnic_wire::immdt::Repr { immediate: 0 });
+        }
+        ib.payload_len = mad.len();
+        let mut buf = vec![0; ib.buffer_len()];
+        ib.emit_with(&mut buf, |p| p.copy_from_slice(mad)).unwrap();
+        let n = buf.len();
+        let crc = icrc::for_udp(A, B, GSI_UDP_SOURCE_PORT, &buf[..n - 4]).unwrap();
+        buf[n - 4..].copy_from_slice(&crc.to_le_bytes());
+        Datagram::new(A, B, GSI_UDP_SOURCE_PORT, buf)
+    }
+
+    fn req_mad() -> [u8; MAD_LEN] {
+        // A REQ as A's CM would send it, taken off the wire.
+        let mut a = crate::Nic::new(A, 1);
+        let now = Time::ZERO;
+        a.cm_call(now, |cm, now| cm.connect(now, B, &connect_params()))
+            .unwrap();
+        let d = a.poll_transmit().unwrap();
+        let p = IbPacket::new_checked(&d.payload[..]).unwrap();
+        p.payload()[..MAD_LEN].try_into().unwrap()
+    }
+
+    /// QP 1 takes only a UD SEND_ONLY of the default partition with the
+    /// GSI's Q_Key carrying a CM MAD (IBTA 13.5.1, as rdma_rxe's
+    /// `check_keys` for QP 1): anything else is dropped and counted,
+    /// and never reaches a listener.
+    #[test]
+    fn qp1_takes_only_gsi_cm_mads() {
+        let good = req_mad();
+        let mut other_class = good;
+        other_class[1] = 0x04; // the SA's class
+        let mut unknown_attr = good;
+        unknown_attr[16..18].copy_from_slice(&0x0099u16.to_be_bytes());
+        let bad = [
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, 0x8001_0001, &good),
+                "Q_Key",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, 0x0000_0000, &good),
+                "Q_Key 0",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0x1234, GSI_QKEY, &good),
+                "P_Key",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, 0xFFFF, GSI_QKEY, &good),
+                "opcode",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &good[..200]),
+                "short",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &other_class),
+                "class",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &unknown_attr),
+                "attribute",
+            ),
+        ];
+        let mut b = crate::Nic::new(B, 2);
+        b.cm().listen(SERVICE).unwrap();
+        for (d, what) in &bad {
+            b.handle_datagram(Time::ZERO, d);
+            assert!(b.poll_cm_event().is_none(), "{what}: reached the listener");
+            assert!(b.poll_transmit().is_none(), "{what}: answered");
+        }
+        let g = b.gsi_counters();
+        assert_eq!((g.dropped_bad_header, g.dropped_bad_mad), (4, 3));
+        // The same MAD, as it should be, is a REQ for the listener.
+        b.handle_datagram(
+            Time::ZERO,
+            &to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &good),
+        );
+        assert!(matches!(b.poll_cm_event(), Some(CmEvent::Request { .. })));
+        assert_eq!(b.gsi_counters().mads_received, 1);
+    }
+
+    /// A REQ to a service nobody listens on is refused on the wire with
+    /// reason 8 and Local Communication ID 0, as the kernel's CM does; the
+    /// active side learns it as a rejection.
+    #[test]
+    fn no_listener_is_a_rej_8_on_the_wire() {
+        let mut w = Wire::new();
+        let id = w.nics[0]
+            .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &connect_params()))
+            .unwrap();
+        w.run();
+        let rej = w
+            .seen
+            .iter()
+            .filter(|d| d.src == B)
+            .find_map(|d| {
+                let p = IbPacket::new_checked(&d.payload[..]).ok()?;
+                match Mad::parse(&p.payload()[..MAD_LEN]).ok()?.message {
+                    Message::Rej(r) => Some(r),
+                    _ => None,
+                }
+            })
+            .expect("B sent a REJ");
+        let Rej {
+            reason,
+            local_comm_id,
+            remote_comm_id,
+            ..
+        } = rej;
+        assert_eq!((reason, local_comm_id, remote_comm_id), (8, 0, id.0));
+        assert!(matches!(
+            &w.events(0)[..],
+            [CmEvent::Rejected { reason: 8, .. }]
+        ));
+    }
+
+    /// A REQ that goes unanswered is sent again on the CM's timer, which
+    /// the NIC's own deadline includes, and the attempt ends unreachable
+    /// once the retries are spent.
+    #[test]
+    fn the_cm_timer_is_the_nic_s() {
+        let mut c = Cluster::new(11, LinkConfig::default(), 2);
+        c.net.partition(A, B);
+        let now = c.now;
+        let mut p = connect_params();
+        p.path.local_ack_timeout = 18;
+        let id = c.nics[0]
+            .cm_call(now, |cm, now| {
+                cm.max_retries = 2;
+                cm.response_timeout = 8;
+                cm.connect(now, B, &p)
+            })
+            .unwrap();
+        assert!(c.nics[0].next_deadline().is_some(), "the REQ's retry timer");
+        let limit = c.now + Duration::from_secs(600);
+        c.run(limit, 10_000);
+        assert_eq!(c.nics[0].gsi_counters().mads_sent, 3);
+        let events: Vec<_> = std::iter::from_fn(|| c.nics[0].poll_cm_event()).collect();
+        assert_eq!(events, [CmEvent::Unreachable { id }]);
+        assert_eq!(c.nics[0].next_deadline(), None);
+    }
+}
