@@ -108,7 +108,7 @@ pub(crate) struct Waiting<T> {
     bell: Arc<Bell>,
 }
 
-fn queue<T>() -> io::Result<(Raise<T>, Waiting<T>)> {
+pub(crate) fn queue<T>() -> io::Result<(Raise<T>, Waiting<T>)> {
     let bell = Arc::new(Bell::new()?);
     let (tx, rx) = crossbeam_channel::unbounded();
     Ok((
@@ -135,7 +135,7 @@ impl<T> Waiting<T> {
 
     /// The next event, waiting up to `timeout` for one (`None`: forever;
     /// zero: do not wait), through signals.
-    fn next(&self, timeout: Option<Duration>) -> Result<T> {
+    pub(crate) fn next(&self, timeout: Option<Duration>) -> Result<T> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             if let Some(e) = self.take() {
@@ -156,7 +156,7 @@ impl<T> Waiting<T> {
     /// signal whose handler was installed without `SA_RESTART` ends the
     /// wait with [`io::ErrorKind::Interrupted`] (programs such as qperf end
     /// a test with `alarm` and count on it).
-    fn read(&self) -> Result<T> {
+    pub(crate) fn read(&self) -> Result<T> {
         loop {
             if let Ok(e) = self.events.try_recv() {
                 self.bell.clear();
@@ -169,6 +169,12 @@ impl<T> Waiting<T> {
             // in the queue.
             self.bell.read()?;
         }
+    }
+}
+
+impl<T> AsFd for Waiting<T> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.bell.fd.as_fd()
     }
 }
 

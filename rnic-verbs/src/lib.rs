@@ -59,6 +59,7 @@
 mod ah;
 mod capture;
 mod channel;
+pub mod cm;
 pub mod config;
 mod cq;
 mod delivered;

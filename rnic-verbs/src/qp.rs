@@ -272,6 +272,19 @@ impl QueuePair {
         Ok(())
     }
 
+    /// Take the QP from RESET to INIT, allowing `access` to its peer:
+    /// receives can be posted from then on (as rdma_cm's `rdma_create_qp`
+    /// leaves a QP, before it connects it).
+    pub fn init(&self, access: Access) -> Result<()> {
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: access,
+            ..QpAttr::default()
+        };
+        let mask = AttrMask::STATE | AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT;
+        self.modify(&attr, mask)
+    }
+
     /// Bring a UD QP to RTS with Q_Key `qkey`, as ibv_ud_pingpong does.
     pub fn ready_ud(&self, qkey: u32) -> Result<()> {
         let qpn = self.qpn;

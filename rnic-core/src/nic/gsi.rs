@@ -15,7 +15,7 @@
 use core::net::IpAddr;
 
 use rnic_wire::cm::Mad;
-use rnic_wire::mad::{GSI_QKEY, GSI_QPN, GSI_UDP_SOURCE_PORT, MAD_LEN};
+use rnic_wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
 use rnic_wire::{bth, deth, icrc, IbPacket, IbRepr, Opcode, Psn};
 
 use crate::cm::{CmAgent, CmEvent};
@@ -32,6 +32,15 @@ pub(super) struct Gsi {
     pub agent: CmAgent,
     psn: Psn,
     pub deadline: Option<Time>,
+}
+
+impl Nic {
+    /// The UDP source port of QP 1's packets: [`rnic_wire::mad::GSI_UDP_SOURCE_PORT`]
+    /// unless a driver that cannot send from it says otherwise (the ICRC
+    /// covers the port).
+    pub fn set_gsi_source_port(&mut self, port: u16) {
+        self.gsi_port = port;
+    }
 }
 
 /// What became of the packets to QP 1 (a part of [`crate::Counters`]'
@@ -124,7 +133,8 @@ impl Nic {
             return;
         }
         let n = buf.len();
-        match icrc::for_udp(src, to, GSI_UDP_SOURCE_PORT, &buf[..n - 4]) {
+        let src_port = self.gsi_port;
+        match icrc::for_udp(src, to, src_port, &buf[..n - 4]) {
             Ok(crc) => buf[n - 4..].copy_from_slice(&crc.to_le_bytes()),
             Err(_) => {
                 self.counters.send_err += 1;
@@ -136,7 +146,7 @@ impl Nic {
         self.tx.push(Datagram {
             src,
             dst: to,
-            src_port: GSI_UDP_SOURCE_PORT,
+            src_port,
             payload: buf,
             header: Some(Header::of(&ib)),
             ipv4_id: 0,
@@ -196,6 +206,7 @@ mod tests {
     use super::*;
     use crate::cm::{AcceptParams, ConnectParams};
     use crate::sim::{Cluster, LinkConfig};
+    use rnic_wire::mad::GSI_UDP_SOURCE_PORT;
 
     const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));

@@ -101,6 +101,7 @@ pub struct Nic {
     /// QP1 and the communication manager, once met ([`gsi`]).
     gsi: Option<gsi::Gsi>,
     gsi_counters: gsi::GsiCounters,
+    gsi_port: u16,
 }
 
 pub use gsi::GsiCounters;
@@ -155,6 +156,7 @@ impl Nic {
             gso_deltas: None,
             gsi: None,
             gsi_counters: GsiCounters::default(),
+            gsi_port: rnic_wire::mad::GSI_UDP_SOURCE_PORT,
         }
     }
 

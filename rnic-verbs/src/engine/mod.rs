@@ -177,6 +177,22 @@ impl Engine {
             }
             None => None,
         };
+        // QP1's packets leave from the port the kernel's do, from a socket
+        // every NIC on the address may share (nothing is sent to it).
+        let gsi_port = rnic_wire::mad::GSI_UDP_SOURCE_PORT;
+        for &a in &addrs {
+            match open_socket_shared(a, gsi_port, scope_of(a), true) {
+                Ok(s) => {
+                    send_sockets.insert((a, gsi_port), s);
+                }
+                Err(e) => {
+                    tracing::info!(
+                        "QP1 sends from port {ROCE_PORT}: UDP port {gsi_port} of {a}: {e}"
+                    );
+                    nic.set_gsi_source_port(ROCE_PORT);
+                }
+            }
+        }
         for &a in &addrs {
             crate::capture::register_local(a);
         }

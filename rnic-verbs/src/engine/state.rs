@@ -84,6 +84,8 @@ pub(crate) struct EngineState {
     /// The last poll (`Engine::progress`) took nothing in: the next asks
     /// for one message.
     pub(super) polled_dry: bool,
+    /// Where the communication manager's events go.
+    pub cm_routes: crate::cm::Routes,
 }
 
 impl EngineState {
@@ -120,6 +122,7 @@ impl EngineState {
             gso_deltas: None,
             hold: Hold::default(),
             polled_dry: false,
+            cm_routes: crate::cm::Routes::default(),
         }
     }
 
@@ -244,6 +247,9 @@ impl EngineState {
                 Some(EventSink::Queue(q)) => q.raise(e),
                 None => {}
             }
+        }
+        while let Some(e) = self.nic.poll_cm_event() {
+            self.cm_routes.deliver(e);
         }
         total
     }

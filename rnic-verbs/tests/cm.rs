@@ -1,0 +1,126 @@
+//! Connecting through the communication manager, by IP address and port,
+//! between two NICs on loopback: no side channel, only QP1.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rnic_verbs::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn qp(dev: &Device) -> (ProtectionDomain, CompletionQueue, QueuePair) {
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let qp = pd.create_rc_qp(&cq, &cq, QpCaps::default()).unwrap();
+    (pd, cq, qp)
+}
+
+/// A listener takes the request with the client's private data, accepts
+/// with its own, and a WRITE and a SEND then cross the connection the CM
+/// set up; both sides disconnect cleanly.
+#[test]
+fn connect_by_address_and_port_then_write() {
+    let (a, b) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let listener = b.listen(0).unwrap();
+    let to = SocketAddr::new(b.addr(), listener.port());
+    let server = std::thread::spawn(move || {
+        let (pd, cq, qp) = qp(&b);
+        let mr = pd
+            .register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+        qp.init(Access::REMOTE_WRITE).unwrap();
+        qp.post_recv(RecvWr {
+            wr_id: 7,
+            sg_list: sg_list![mr.sge(1024, 64)],
+        })
+        .unwrap();
+        let incoming = listener.next(WAIT).unwrap();
+        assert_eq!(incoming.private_data()[..6], *b"client");
+        let mut grant = Vec::new();
+        grant.extend_from_slice(&mr.addr().to_be_bytes());
+        grant.extend_from_slice(&mr.rkey().to_be_bytes());
+        let conn = incoming.accept(&qp, &grant, WAIT).unwrap();
+        let c = cq.wait(WAIT).unwrap();
+        assert_eq!((c.wr_id, c.status, c.byte_len), (7, WcStatus::Success, 5));
+        let mut got = [0u8; 16];
+        mr.read(0, &mut got);
+        assert_eq!(&got, b"written via CM!!");
+        conn.wait_disconnect(WAIT).unwrap();
+        drop(qp);
+    });
+    let (pd, cq, qp) = qp(&a);
+    let src = pd.register(4096, Access::LOCAL_WRITE).unwrap();
+    let conn = a.connect(&qp, to, b"client", WAIT).unwrap();
+    let grant = conn.private_data();
+    let addr = u64::from_be_bytes(grant[..8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(grant[8..12].try_into().unwrap());
+    src.write(0, b"written via CM!!");
+    qp.post_send(SendWr::new(
+        1,
+        SendOp::write(addr, rkey),
+        sg_list![src.sge(0, 16)],
+    ))
+    .unwrap();
+    assert_eq!(cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    src.write(100, b"hello");
+    qp.post_send(SendWr::new(2, SendOp::send(), sg_list![src.sge(100, 5)]))
+        .unwrap();
+    assert_eq!(cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    conn.disconnect(WAIT).unwrap();
+    server.join().unwrap();
+    let g = a.gsi_counters().unwrap();
+    assert!(g.mads_sent >= 3 && g.mads_received >= 2, "{g:?}");
+}
+
+/// A port nobody listens on refuses with REJ reason 8, as the kernel's CM
+/// does; a port taken is taken for a second listener, and free again once
+/// the first is gone.
+#[test]
+fn refused_and_taken_ports() {
+    let (a, b) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let (_pd, _cq, qp) = qp(&a);
+    let listener = b.listen(0).unwrap();
+    let port = listener.port();
+    drop(listener);
+    let e = a
+        .connect(&qp, SocketAddr::new(b.addr(), port), &[], WAIT)
+        .unwrap_err();
+    match e {
+        Error::Io(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            assert!(e.to_string().contains("reason 8"), "{e}")
+        }
+        e => panic!("{e}"),
+    }
+    let first = b.listen(port).unwrap();
+    match b.listen(port) {
+        Err(Error::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => {}
+        other => panic!("a second listener on port {port}: {other:?}"),
+    }
+    drop(first);
+    b.listen(port).unwrap();
+}
+
+/// The listener refuses with private data: the client learns reason 28.
+#[test]
+fn a_listener_that_says_no() {
+    let (a, b) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let listener = b.listen(0).unwrap();
+    let to = SocketAddr::new(b.addr(), listener.port());
+    let server = std::thread::spawn(move || {
+        listener.next(WAIT).unwrap().reject(b"go away").unwrap();
+    });
+    let (_pd, _cq, qp) = qp(&a);
+    let e = a.connect(&qp, to, &[], WAIT).unwrap_err();
+    assert!(e.to_string().contains("reason 28"), "{e}");
+    server.join().unwrap();
+}
