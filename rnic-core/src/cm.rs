@@ -391,6 +391,25 @@ impl CmAgent {
         Ok(())
     }
 
+    /// Passive side: a packet of the connection arrived on its QP before
+    /// the RTU did (`IBV_EVENT_COMM_EST`, which rdma_cm's `rdma_notify`
+    /// passes on): the connection is established as if the RTU had come,
+    /// and the REP is not sent again. Established already: nothing to do.
+    pub fn established(&mut self, id: CmId) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id.0).ok_or(CmError::NoSuchId(id))?;
+        match c.state {
+            State::RepSent => {
+                c.state = State::Established;
+                c.deadline = None;
+                c.last = None;
+                self.events.push_back(CmEvent::Established { id });
+                Ok(())
+            }
+            State::Established => Ok(()),
+            _ => Err(CmError::BadState(id)),
+        }
+    }
+
     /// Active side: the QP is ready; send the RTU. The connection is
     /// established.
     pub fn ready(&mut self, id: CmId) -> Result<(), CmError> {

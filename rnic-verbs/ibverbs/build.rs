@@ -1,8 +1,11 @@
-//! Builds what makes the cdylib a drop-in `libibverbs.so.1`:
+//! Builds what makes the cdylib a drop-in `libibverbs.so.1` and
+//! `librdmacm.so.1` at once (one library, two names: see the crate's
+//! README):
 //!
-//! - the version script, from the symbol list of the rdma-core release the
-//!   library stands in for (`abi/*.symbols`, written by `gen-symbols` from an
-//!   installed libibverbs; `RNIC_IBVERBS_SYMBOLS` names another list, which is
+//! - the version script, from the symbol lists of the rdma-core release the
+//!   library stands in for (`abi/rdma-core-NN.symbols` and
+//!   `abi/rdmacm-NN.symbols`, written by `gen-symbols` from the installed
+//!   libraries; `RNIC_IBVERBS_SYMBOLS` names another verbs list, which is
 //!   how a different IBVERBS_PRIVATE_NN is chosen);
 //! - for every listed function the crate does not define, a stub that
 //!   returns "not supported" (programs are linked BIND_NOW, so every symbol
@@ -10,7 +13,8 @@
 //! - a wrapper around `ld` that drops the version script rustc writes
 //!   (with two scripts, rustc's anonymous one wins and every symbol comes out
 //!   unversioned) and leaves a copy of the library named `libibverbs.so.1`
-//!   in `target/<profile>/rnic-ibverbs/`.
+//!   in `target/<profile>/rnic-ibverbs/`, with `librdmacm.so.1` a symbolic
+//!   link to it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -29,7 +33,18 @@ const POINTER_RETURNING: &[&str] = &[
     "ibv_reg_dmabuf_mr",
     "ibv_create_ah_from_wc",
     "ibv_get_device_guid",
+    "rdma_event_str",
+    "rdma_create_event_channel",
+    "rdma_get_devices",
 ];
+
+/// The rdma_cm functions' stubs fail as librdmacm's functions fail: -1
+/// with errno set (a 64-bit -1, which is -1 for callers that declared an
+/// `int` and for those that declared a `ssize_t` or `off_t`, as rsockets'
+/// `rsend` and `riomap` are).
+fn rdmacm(name: &str) -> bool {
+    name.starts_with("rdma_") || name.starts_with('r') && !name.starts_with("rdma")
+}
 
 fn main() {
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
@@ -38,21 +53,24 @@ fn main() {
     let list = env::var_os("RNIC_IBVERBS_SYMBOLS")
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("abi/rdma-core-44.symbols"));
-    println!("cargo:rerun-if-changed={}", list.display());
-    let text = fs::read_to_string(&list)
-        .unwrap_or_else(|e| panic!("reading the symbol list {}: {e}", list.display()));
+    let cm_list = manifest.join("abi/rdmacm-44.symbols");
 
     // NAME VERSION KIND
     let mut by_version: BTreeMap<Version, Vec<(String, String)>> = BTreeMap::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let [name, version, kind] = f[..] else {
-            panic!("{}: malformed line {line:?}", list.display());
-        };
-        by_version
-            .entry(Version::parse(version))
-            .or_default()
-            .push((name.to_string(), kind.to_string()));
+    for list in [&list, &cm_list] {
+        println!("cargo:rerun-if-changed={}", list.display());
+        let text = fs::read_to_string(list)
+            .unwrap_or_else(|e| panic!("reading the symbol list {}: {e}", list.display()));
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [name, version, kind] = f[..] else {
+                panic!("{}: malformed line {line:?}", list.display());
+            };
+            by_version
+                .entry(Version::parse(version))
+                .or_default()
+                .push((name.to_string(), kind.to_string()));
+        }
     }
 
     let defined = defined_symbols(&manifest.join("src"));
@@ -82,9 +100,11 @@ fn main() {
     println!("cargo:rerun-if-changed=src");
 }
 
-/// `IBVERBS_1.14` sorts after `IBVERBS_1.9`; private nodes after public ones.
+/// `IBVERBS_1.14` sorts after `IBVERBS_1.9`; private nodes after public
+/// ones; each library's nodes (`IBVERBS`, `RDMACM`) together.
 #[derive(PartialEq, Eq, PartialOrd, Ord, Clone)]
 struct Version {
+    family: String,
     private: bool,
     numbers: Vec<u32>,
     name: String,
@@ -96,6 +116,7 @@ impl Version {
         let tail = name.rsplit('_').next().unwrap_or("");
         let numbers = tail.split('.').filter_map(|n| n.parse().ok()).collect();
         Version {
+            family: name.split('_').next().unwrap_or("").to_string(),
             private,
             numbers,
             name: name.to_string(),
@@ -103,12 +124,17 @@ impl Version {
     }
 }
 
-/// Public nodes form a chain, each inheriting the one before; the private
-/// node stands alone, as in rdma-core's own map.
+/// Each library's public nodes form a chain, each inheriting the one
+/// before; the private node stands alone, as in rdma-core's own maps.
 fn version_script(by_version: &BTreeMap<Version, Vec<(String, String)>>) -> String {
     let mut s = String::new();
     let mut previous: Option<&str> = None;
+    let mut family = "";
     for (v, syms) in by_version {
+        if v.family != family {
+            family = &v.family;
+            previous = None;
+        }
         writeln!(s, "{} {{\n  global:", v.name).unwrap();
         for (name, _) in syms {
             writeln!(s, "    {name};").unwrap();
@@ -177,15 +203,12 @@ fn stubs(
             "the data object {name} must be defined by the crate (#[no_mangle] static)"
         );
         let pointer = POINTER_RETURNING.contains(&name.as_str());
-        let ret = if pointer {
-            "*mut core::ffi::c_void"
+        let (ret, fail) = if pointer {
+            ("*mut core::ffi::c_void", "core::ptr::null_mut()")
+        } else if rdmacm(name) {
+            ("isize", "-1")
         } else {
-            "core::ffi::c_int"
-        };
-        let fail = if pointer {
-            "core::ptr::null_mut()"
-        } else {
-            "libc::EOPNOTSUPP"
+            ("core::ffi::c_int", "libc::EOPNOTSUPP")
         };
         writeln!(
             s,
@@ -230,7 +253,8 @@ case $out in
     dir=$(dirname -- "$out")/../rnic-ibverbs
     mkdir -p "$dir" &&
     cp -f "$out" "$dir/.libibverbs.so.1.tmp$$" &&
-    mv -f "$dir/.libibverbs.so.1.tmp$$" "$dir/libibverbs.so.1"
+    mv -f "$dir/.libibverbs.so.1.tmp$$" "$dir/libibverbs.so.1" &&
+    ln -sfn libibverbs.so.1 "$dir/librdmacm.so.1"
     ;;
 esac
 "#;

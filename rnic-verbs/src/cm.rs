@@ -29,13 +29,24 @@ use rnic_wire::cm::{private_len, rdma_cm_flow_label, CmaHeader, Path, Rep, Req, 
 use crate::channel::{queue, Raise, Waiting};
 use crate::{Access, Device, Error, QueuePair, Result};
 
-/// An event of the CM, for the listener or connection given `token`.
+/// What a [`CmChannel`] carries, for the listener or connection given
+/// `token`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CmNotice {
     /// The token the listener or connection was given.
     pub token: u64,
     /// What happened.
-    pub event: CmEvent,
+    pub what: Notice,
+}
+
+/// What happened: an event of the CM, or one its user queued itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The CM's.
+    Cm(CmEvent),
+    /// The user's own ([`CmChannel::post`]): an address resolved, say,
+    /// which happens outside the CM.
+    Own(u64),
 }
 
 /// A queue of [`CmNotice`]s whose descriptor is readable while one waits
@@ -70,10 +81,13 @@ impl CmChannel {
         self.waiting.read()
     }
 
-    /// Queue a notice of the caller's own (an address resolved, say: what
-    /// the CM itself never says).
-    pub fn post(&self, notice: CmNotice) {
-        self.raise.raise(notice);
+    /// Queue a notice of the caller's own for `token` (an address
+    /// resolved, say: what the CM itself never says).
+    pub fn post(&self, token: u64, what: u64) {
+        self.raise.raise(CmNotice {
+            token,
+            what: Notice::Own(what),
+        });
     }
 
     fn route(&self, token: u64) -> Route {
@@ -102,7 +116,7 @@ impl Route {
     fn send(&self, event: CmEvent) {
         self.to.raise(CmNotice {
             token: self.token,
-            event,
+            what: Notice::Cm(event),
         });
     }
 }
@@ -218,6 +232,12 @@ impl Device {
     /// Active side: the QP is ready; send the RTU.
     pub fn cm_ready(&self, id: CmId) -> Result<()> {
         self.cm_do(id, |cm, _| cm.ready(id))
+    }
+
+    /// Passive side: the connection's QP took a packet before the RTU came
+    /// (`IBV_EVENT_COMM_EST`): it is established.
+    pub fn cm_established(&self, id: CmId) -> Result<()> {
+        self.cm_do(id, |cm, _| cm.established(id))
     }
 
     /// Send a DREQ; [`CmEvent::Disconnected`] follows.
@@ -670,7 +690,7 @@ impl Device {
         };
         match channel.next(Some(timeout)) {
             Ok(CmNotice {
-                event: CmEvent::Reply { rep, .. },
+                what: Notice::Cm(CmEvent::Reply { rep, .. }),
                 ..
             }) => {
                 let setup = QpSetup::active(&params, &rep, local_ip, to.ip());
@@ -689,15 +709,15 @@ impl Device {
                 })
             }
             Ok(CmNotice {
-                event: CmEvent::Rejected { reason, .. },
+                what: Notice::Cm(CmEvent::Rejected { reason, .. }),
                 ..
             }) => {
                 let _ = self.cm_release(id);
                 refused(format!("{to} refused the connection (REJ reason {reason})"))
             }
-            Ok(CmNotice { event, .. }) => {
+            Ok(CmNotice { what, .. }) => {
                 let _ = self.cm_release(id);
-                refused(format!("{to}: {event:?}"))
+                refused(format!("{to}: {what:?}"))
             }
             Err(e) => {
                 let _ = self.cm_release(id);
@@ -721,7 +741,7 @@ impl Listener {
     pub fn next(&self, timeout: Duration) -> Result<Incoming> {
         loop {
             let n = self.channel.next(Some(timeout))?;
-            if let CmEvent::Request { id, from, req } = n.event {
+            if let Notice::Cm(CmEvent::Request { id, from, req }) = n.what {
                 let header = CmaHeader::parse(&req.private_data);
                 return Ok(Incoming {
                     dev: self.dev.clone(),
@@ -793,8 +813,8 @@ impl Incoming {
             private_data: self.private_data().to_vec(),
             _claim: None,
         };
-        match conn.channel.next(Some(timeout))?.event {
-            CmEvent::Established { .. } => Ok(conn),
+        match conn.channel.next(Some(timeout))?.what {
+            Notice::Cm(CmEvent::Established { .. }) => Ok(conn),
             e => Err(Error::Io(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 format!("{}: {e:?}", self.from),
@@ -829,7 +849,7 @@ impl Connection {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match self.channel.next(Some(left)) {
                     Ok(CmNotice {
-                        event: CmEvent::Disconnected { .. },
+                        what: Notice::Cm(CmEvent::Disconnected { .. }),
                         ..
                     }) => break Ok(()),
                     Ok(_) => continue,
@@ -848,7 +868,8 @@ impl Connection {
         let r = loop {
             match self.channel.next(Some(timeout)) {
                 Ok(CmNotice {
-                    event: CmEvent::DisconnectRequest { .. } | CmEvent::Disconnected { .. },
+                    what:
+                        Notice::Cm(CmEvent::DisconnectRequest { .. } | CmEvent::Disconnected { .. }),
                     ..
                 }) => break Ok(()),
                 Ok(_) => continue,

@@ -174,6 +174,13 @@ pub(crate) fn set_errno(e: i32) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// The calling thread's errno.
+pub(crate) fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
 /// The errno rdma-core would give for `e`.
 pub(crate) fn errno_of(e: &rnic_verbs::Error) -> i32 {
     use rnic_core::mem::MemError;

@@ -22,7 +22,12 @@
 #[allow(unsafe_code)]
 pub mod sys;
 
+/// rdma-core's <rdma/rdma_cma.h>, as `sys` is its verbs.h.
+#[allow(unsafe_code)]
+pub mod cma_sys;
+
 mod ah;
+mod cma;
 mod cq;
 mod device;
 mod dm;

@@ -7,7 +7,6 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
-use std::net::IpAddr;
 use std::ptr::NonNull;
 
 use parking_lot::Mutex;
@@ -371,42 +370,8 @@ pub unsafe extern "C" fn ibv_query_qp(
         // SAFETY: the program's pointers.
         let (q, out) = unsafe { (Qp::from_c(qp)?, ffi::out(attr)?) };
         let a = q.qp.query().map_err(|e| ffi::errno_of(&e))?;
-        // SAFETY: plain data.
-        *out = unsafe { std::mem::zeroed() };
-        out.qp_state = c_state(a.qp_state);
-        out.cur_qp_state = c_state(a.qp_state);
-        out.path_mtu = a.path_mtu as u32 + 1;
-        out.qkey = a.qkey;
-        out.rq_psn = a.rq_psn;
-        out.sq_psn = a.sq_psn;
-        out.dest_qp_num = a.dest_qp_num;
-        out.qp_access_flags = a.qp_access_flags.bits();
+        *out = c_qp_attr(q.context().ok(), &a);
         out.cap = q.caps;
-        if let Some(av) = a.ah_attr {
-            let gid = match av.dest {
-                IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-                IpAddr::V6(v6) => v6,
-            };
-            out.ah_attr.is_global = 1;
-            out.ah_attr.port_num = 1;
-            out.ah_attr.grh.dgid.raw = gid.octets();
-            if let (Some(src), Ok(ctx)) = (av.src, q.context()) {
-                let index = ctx.nic.gids().iter().position(|&g| g == src);
-                out.ah_attr.grh.sgid_index = index.unwrap_or(0) as u8;
-            }
-            out.ah_attr.grh.hop_limit = av.hop_limit;
-            out.ah_attr.grh.traffic_class = av.traffic_class;
-            out.ah_attr.grh.flow_label = av.flow_label;
-        }
-        out.pkey_index = a.pkey_index;
-        out.en_sqd_async_notify = u8::from(a.en_sqd_async_notify);
-        out.max_rd_atomic = a.max_rd_atomic;
-        out.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        out.min_rnr_timer = a.min_rnr_timer;
-        out.port_num = a.port_num;
-        out.timeout = a.timeout;
-        out.retry_cnt = a.retry_cnt;
-        out.rnr_retry = a.rnr_retry;
         if !init_attr.is_null() {
             // SAFETY: the program's pointer, checked non-null.
             let i = unsafe { ffi::out(init_attr)? };
@@ -422,6 +387,53 @@ pub unsafe extern "C" fn ibv_query_qp(
         }
         Ok(())
     })
+}
+
+/// `a` as `struct ibv_qp_attr` (what `ibv_query_qp` and rdma_cm's
+/// `rdma_init_qp_attr` hand out), the source GID named by its index in
+/// `ctx`'s table.
+pub(crate) fn c_qp_attr(ctx: Option<&Context>, a: &QpAttr) -> sys::ibv_qp_attr {
+    // SAFETY: plain data.
+    let mut out: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    out.qp_state = c_state(a.qp_state);
+    out.cur_qp_state = c_state(a.qp_state);
+    out.path_mtu = a.path_mtu as u32 + 1;
+    out.qkey = a.qkey;
+    out.rq_psn = a.rq_psn;
+    out.sq_psn = a.sq_psn;
+    out.dest_qp_num = a.dest_qp_num;
+    out.qp_access_flags = a.qp_access_flags.bits();
+    if let Some(av) = a.ah_attr {
+        out.ah_attr = c_ah_attr(ctx, &av);
+    }
+    out.pkey_index = a.pkey_index;
+    out.en_sqd_async_notify = u8::from(a.en_sqd_async_notify);
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.port_num = a.port_num;
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+    out
+}
+
+/// An address vector as `struct ibv_ah_attr`: global, port 1, the source
+/// GID by its index in `ctx`'s table.
+pub(crate) fn c_ah_attr(ctx: Option<&Context>, av: &AddressVector) -> sys::ibv_ah_attr {
+    // SAFETY: plain data.
+    let mut out: sys::ibv_ah_attr = unsafe { std::mem::zeroed() };
+    out.is_global = 1;
+    out.port_num = 1;
+    out.grh.dgid.raw = rnic_verbs::gid_of(av.dest).octets();
+    if let (Some(src), Some(ctx)) = (av.src, ctx) {
+        let index = ctx.nic.gids().iter().position(|&g| g == src);
+        out.grh.sgid_index = index.unwrap_or(0) as u8;
+    }
+    out.grh.hop_limit = av.hop_limit;
+    out.grh.traffic_class = av.traffic_class;
+    out.grh.flow_label = av.flow_label;
+    out
 }
 
 // ---- the data path: ibv_post_send, ibv_post_recv ----

@@ -72,7 +72,7 @@ use exit::register;
 pub use observe::TapEvent;
 use shared::Shared;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
-pub use sockets::{reserve_loopback, reserve_loopback_for_exec};
+pub use sockets::{nic_on, reserve_loopback, reserve_loopback_for_exec};
 pub(crate) use state::{CqSink, EngineState, EventSink};
 
 /// The UDP port of RoCE v2.

@@ -99,6 +99,13 @@ fn bind_claim(addr: IpAddr, scope: u32) -> io::Result<UnixDatagram> {
     UnixDatagram::bind_addr(&at)
 }
 
+/// Whether an rnic NIC of any process (this one's too) holds UDP port 4791
+/// of `addr` on the UDP transport: someone a CM request to `addr` can
+/// reach.
+pub fn nic_on(addr: IpAddr) -> bool {
+    matches!(bind_claim(addr, 0), Err(e) if e.kind() == io::ErrorKind::AddrInUse)
+}
+
 /// Claims taken before their NIC opens ([`reserve_loopback`]).
 static RESERVED: parking_lot::Mutex<Vec<(IpAddr, UnixDatagram)>> =
     parking_lot::Mutex::new(Vec::new());

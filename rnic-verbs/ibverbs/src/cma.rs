@@ -1,0 +1,1646 @@
+//! rdma_cm (`librdmacm.so.1`): connecting queue pairs by IP address and
+//! port, for programs written against rdma-core's librdmacm (rping,
+//! perftest's `-R`, UCX, libfabric, SPDK...).
+//!
+//! rdma-core's librdmacm is a thin layer over the kernel's rdma_cm, which
+//! owns QP1 and the port spaces. Here the same layer sits over rnic's own
+//! CM ([`rnic_verbs::cm`]): every NIC runs one on its QP1, the port spaces
+//! are claims every process on the host shares, and an event channel is
+//! a [`CmChannel`] (its descriptor readable while events wait, as the
+//! kernel's is). What librdmacm does between the kernel's events, this
+//! does between the CM's: the QP moved through INIT, RTR and RTS when the
+//! REQ and REP are known (`rnic_verbs::cm::QpSetup`, the kernel's
+//! `cm_init_qp_*_attr`), a REP answered by the RTU and reported as
+//! ESTABLISHED, the rdma_cm header in front of a REQ's private data.
+//!
+//! The objects programs read (`struct rdma_cm_id`, `rdma_cm_event`,
+//! `rdma_event_channel`, `rdma_addrinfo`) are laid out as `<rdma/rdma_cma.h>`
+//! says (`cma_sys`, with compile-time checks). `id->verbs`, `id->pd` and
+//! `id->qp` are this library's own verbs objects: one device context per
+//! device for every id, as librdmacm opens each device once.
+//!
+//! The address part of rdma_cm stays small: an id takes the device that
+//! owns the address it binds, or the device whose address of the peer's
+//! family it sends from; on loopback an address no rnic NIC holds cannot
+//! be reached, and resolving it ends in ADDR_ERROR.
+
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use rnic_verbs::cm::{
+    AcceptParams, CmChannel, CmEvent, CmId, CmNotice, ConnectParams, Notice, PortClaim, PortSpace,
+    QpSetup,
+};
+use rnic_verbs::QpState;
+use rnic_wire::cm::{reason, CmaHeader, Rep, Req, CMA_HEADER_LEN};
+
+use crate::cma_sys as cs;
+use crate::device::Context;
+use crate::ffi::{self, object, Object};
+use crate::sys;
+
+// ---- errors: -1 and errno, librdmacm's convention ----
+
+/// Run `f`, catching a panic: 0, or -1 with errno set.
+fn call(f: impl FnOnce() -> Result<(), i32>) -> c_int {
+    ffi::minus_one_call(|| f().map(|()| 0))
+}
+
+fn errno_of(e: &rnic_verbs::Error) -> i32 {
+    ffi::errno_of(e)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ---- the devices every id shares ----
+
+/// One context per device, opened on first use and kept (librdmacm's
+/// `cma_dev->verbs`), each with the protection domain an id gets when the
+/// program gives none (`cma_dev->pd`).
+struct CmaDevice {
+    ctx: *mut sys::ibv_context,
+    pd: *mut sys::ibv_pd,
+}
+
+// SAFETY: pointers to objects this library owns and never frees.
+unsafe impl Send for CmaDevice {}
+
+fn cma_devices() -> Result<MutexGuard<'static, Vec<CmaDevice>>, i32> {
+    static DEVICES: Mutex<Vec<CmaDevice>> = Mutex::new(Vec::new());
+    let mut d = lock(&DEVICES);
+    if d.is_empty() {
+        let mut n: c_int = 0;
+        // SAFETY: our own function; the list is freed below.
+        let list = unsafe { crate::device::ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(libc::ENODEV);
+        }
+        for i in 0..n.max(0) as usize {
+            // SAFETY: `n` entries.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a device of the list.
+            let ctx = unsafe { crate::device::ibv_open_device(dev) };
+            if ctx.is_null() {
+                continue;
+            }
+            // SAFETY: the context just opened.
+            let pd = unsafe { crate::pd::ibv_alloc_pd(ctx) };
+            d.push(CmaDevice { ctx, pd });
+        }
+        // SAFETY: the list from ibv_get_device_list.
+        unsafe { crate::device::ibv_free_device_list(list) };
+        if d.is_empty() {
+            return Err(libc::ENODEV);
+        }
+    }
+    Ok(d)
+}
+
+fn context(ctx: *mut sys::ibv_context) -> Result<&'static Context, i32> {
+    // SAFETY: a context of `cma_devices`, never freed.
+    unsafe { Context::from_c(ctx) }
+}
+
+/// The device that owns `addr`, and its default PD.
+fn device_of(addr: IpAddr) -> Result<(*mut sys::ibv_context, *mut sys::ibv_pd), i32> {
+    let d = cma_devices()?;
+    d.iter()
+        .find(|d| context(d.ctx).is_ok_and(|c| c.nic.gids().contains(&addr)))
+        .map(|d| (d.ctx, d.pd))
+        .ok_or(libc::EADDRNOTAVAIL)
+}
+
+/// The device and address to reach `dest` from: the first device with an
+/// address of its family (of its scope, for a link-local one).
+fn route_to(dest: IpAddr) -> Result<(*mut sys::ibv_context, *mut sys::ibv_pd, IpAddr), i32> {
+    let d = cma_devices()?;
+    let link_local = |a: &IpAddr| matches!(a, IpAddr::V6(v) if v.segments()[0] & 0xFFC0 == 0xFE80);
+    for dev in d.iter() {
+        let Ok(c) = context(dev.ctx) else { continue };
+        let same: Vec<IpAddr> = c
+            .nic
+            .gids()
+            .iter()
+            .copied()
+            .filter(|a| a.is_ipv4() == dest.is_ipv4())
+            .collect();
+        let pick = same
+            .iter()
+            .find(|a| link_local(a) == link_local(&dest))
+            .or(same.first());
+        if let Some(&src) = pick {
+            return Ok((dev.ctx, dev.pd, src));
+        }
+    }
+    Err(libc::ENETUNREACH)
+}
+
+/// Every device's context (for a listener on the wildcard address).
+fn all_devices() -> Result<Vec<(*mut sys::ibv_context, *mut sys::ibv_pd)>, i32> {
+    Ok(cma_devices()?.iter().map(|d| (d.ctx, d.pd)).collect())
+}
+
+// ---- socket addresses ----
+
+/// The address and port at `sa` (null, or a sockaddr of its family).
+///
+/// # Safety
+/// `sa` is null or readable for the size its family says.
+unsafe fn read_sockaddr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's promise.
+    match i32::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: AF_INET: a sockaddr_in.
+            let v4 = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::new(
+                Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr)).into(),
+                u16::from_be(v4.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: AF_INET6: a sockaddr_in6.
+            let v6 = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::new(
+                Ipv6Addr::from(v6.sin6_addr.s6_addr).into(),
+                u16::from_be(v6.sin6_port),
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Write `a` at `out`, which has room for a `sockaddr_storage`.
+///
+/// # Safety
+/// `out` is writable for 128 bytes.
+unsafe fn write_sockaddr(out: *mut c_void, a: SocketAddr) {
+    // SAFETY: the caller's promise: room for a sockaddr_storage.
+    unsafe { std::ptr::write_bytes(out.cast::<u8>(), 0, 128) };
+    match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: as above; a sockaddr_in fits.
+            let s = unsafe { &mut *out.cast::<libc::sockaddr_in>() };
+            s.sin_family = libc::AF_INET as u16;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above; a sockaddr_in6 fits.
+            let s = unsafe { &mut *out.cast::<libc::sockaddr_in6>() };
+            s.sin6_family = libc::AF_INET6 as u16;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            s.sin6_scope_id = v6.scope_id();
+        }
+    }
+}
+
+fn unspecified(a: IpAddr) -> bool {
+    a.is_unspecified()
+}
+
+// ---- event channels ----
+
+/// `struct rdma_event_channel`: its `fd` is the channel's descriptor.
+#[repr(C)]
+pub(crate) struct Channel {
+    c: cs::rdma_event_channel,
+    magic: u64,
+    ch: Arc<CmChannel>,
+}
+object!(Channel, cs::rdma_event_channel, b"rnic-ech");
+
+fn new_channel() -> Result<*mut cs::rdma_event_channel, i32> {
+    let ch = CmChannel::new().map_err(|e| errno_of(&e))?;
+    Ok(Channel {
+        c: cs::rdma_event_channel {
+            fd: ch.as_fd().as_raw_fd(),
+        },
+        magic: 0,
+        ch: Arc::new(ch),
+    }
+    .into_c())
+}
+
+#[no_mangle]
+pub extern "C" fn rdma_create_event_channel() -> *mut cs::rdma_event_channel {
+    ffi::ptr_call(new_channel)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut cs::rdma_event_channel) {
+    // SAFETY: the program's channel; nothing uses it afterwards.
+    let _ = unsafe { ffi::free::<Channel>(channel) };
+}
+
+// ---- ids ----
+
+static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Live ids by serial number (the token their events carry).
+fn registry() -> MutexGuard<'static, HashMap<u64, usize>> {
+    static IDS: std::sync::LazyLock<Mutex<HashMap<u64, usize>>> =
+        std::sync::LazyLock::new(Default::default);
+    lock(&IDS)
+}
+
+/// A connection's first PSN: random, as the kernel's CM draws it.
+fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: a buffer of 4 bytes. Short or failed: the bytes left are 0.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    u32::from_ne_bytes(b) & 0xFF_FFFF
+}
+
+/// `struct rdma_cm_id`, which the program reads and writes (`context`).
+#[repr(C)]
+pub(crate) struct Id {
+    c: UnsafeCell<cs::rdma_cm_id>,
+    magic: u64,
+    serial: u64,
+    st: Mutex<IdState>,
+    /// Events handed to the program and events it acknowledged:
+    /// `rdma_destroy_id` waits until they are equal.
+    events: Mutex<(u64, u64)>,
+    acked: Condvar,
+}
+object!(Id, cs::rdma_cm_id, b"rnic-cmi");
+
+// SAFETY: the C part is written by the program (its `context`) and by this
+// library in the calls the program makes on the id, as with librdmacm; the
+// rest is behind locks.
+unsafe impl Sync for Id {}
+// SAFETY: as above.
+unsafe impl Send for Id {}
+
+#[derive(Default)]
+struct IdState {
+    channel: Option<Arc<CmChannel>>,
+    /// The channel this library made for a synchronous id (one made
+    /// without a channel): destroyed with it.
+    own_channel: Option<usize>,
+    ps: Option<PortSpace>,
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    claim: Option<PortClaim>,
+    /// Services listened on, by device.
+    listening: Vec<(usize, u64)>,
+    /// The connection, and the device it is on.
+    conn: Option<CmId>,
+    ctx: usize,
+    /// Active side: the REQ it sent.
+    req: Option<ConnectParams>,
+    /// Passive side: the REQ it took, and where from.
+    incoming: Option<(Box<Req>, IpAddr)>,
+    responder_resources: u8,
+    initiator_depth: u8,
+    setup: Option<QpSetup>,
+    /// The PSN this side's QP starts at (random, as the kernel's).
+    psn: u32,
+    ack_timeout: Option<u8>,
+    established: bool,
+    /// Sync listeners: the QP each request gets (`rdma_create_ep`).
+    qp_init_attr: Option<Box<sys::ibv_qp_init_attr>>,
+    /// What `rdma_create_qp` made for the id and destroys with the QP.
+    made: Made,
+    path: Option<Box<cs::ibv_sa_path_rec>>,
+}
+
+#[derive(Default)]
+struct Made {
+    send_cq: usize,
+    recv_cq: usize,
+    send_channel: usize,
+    recv_channel: usize,
+}
+
+impl Id {
+    fn c(&self) -> *mut cs::rdma_cm_id {
+        self.c.get()
+    }
+    fn state(&self) -> MutexGuard<'_, IdState> {
+        lock(&self.st)
+    }
+    fn channel(&self) -> Result<Arc<CmChannel>, i32> {
+        self.state().channel.clone().ok_or(libc::EINVAL)
+    }
+    fn ctx(&self) -> Result<&'static Context, i32> {
+        // SAFETY: our C part.
+        let v = unsafe { (*self.c()).verbs };
+        if v.is_null() {
+            return Err(libc::EINVAL);
+        }
+        context(v)
+    }
+    fn sync(&self) -> bool {
+        self.state().own_channel.is_some()
+    }
+}
+
+/// The id behind the program's pointer.
+fn id_of<'a>(id: *mut cs::rdma_cm_id) -> Result<&'a Id, i32> {
+    // SAFETY: `from_c` checks the pointer is one of ours.
+    unsafe { Id::from_c(id) }
+}
+
+fn create_id(
+    channel: *mut cs::rdma_event_channel,
+    context: *mut c_void,
+    ps: u32,
+    qp_type: u32,
+) -> Result<*mut cs::rdma_cm_id, i32> {
+    let space = match ps {
+        cs::RDMA_PS_TCP => PortSpace::Tcp,
+        cs::RDMA_PS_UDP => PortSpace::Udp,
+        cs::RDMA_PS_IB => PortSpace::Ib,
+        cs::RDMA_PS_IPOIB => PortSpace::Ipoib,
+        _ => return Err(libc::EINVAL),
+    };
+    let (c, own) = if channel.is_null() {
+        let c = new_channel()?;
+        (c, Some(c as usize))
+    } else {
+        (channel, None)
+    };
+    // SAFETY: the program's channel, or ours.
+    let ch = unsafe { Channel::from_c(c)? }.ch.clone();
+    // SAFETY: plain data.
+    let mut cid: cs::rdma_cm_id = unsafe { std::mem::zeroed() };
+    cid.channel = c;
+    cid.context = context;
+    cid.ps = ps;
+    cid.qp_type = qp_type;
+    let serial = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
+    let st = IdState {
+        channel: Some(ch),
+        own_channel: own,
+        ps: Some(space),
+        psn: random_psn(),
+        ..IdState::default()
+    };
+    let p = Id {
+        c: UnsafeCell::new(cid),
+        magic: 0,
+        serial,
+        st: Mutex::new(st),
+        events: Mutex::new((0, 0)),
+        acked: Condvar::new(),
+    }
+    .into_c();
+    registry().insert(serial, p as usize);
+    Ok(p)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_id(
+    channel: *mut cs::rdma_event_channel,
+    id: *mut *mut cs::rdma_cm_id,
+    context: *mut c_void,
+    ps: cs::rdma_port_space,
+) -> c_int {
+    call(|| {
+        let qp_type = if ps == cs::RDMA_PS_UDP || ps == cs::RDMA_PS_IPOIB {
+            sys::IBV_QPT_UD
+        } else {
+            sys::IBV_QPT_RC
+        };
+        // SAFETY: the program's out-parameter.
+        let out = unsafe { ffi::out(id)? };
+        *out = create_id(channel, context, ps, qp_type)?;
+        Ok(())
+    })
+}
+
+/// Point the id at `ctx` (its device) and its default PD, port 1.
+fn set_device(i: &Id, ctx: *mut sys::ibv_context, pd: *mut sys::ibv_pd) {
+    // SAFETY: our C part, written in the program's call.
+    let c = unsafe { &mut *i.c() };
+    c.verbs = ctx;
+    c.port_num = 1;
+    if c.pd.is_null() {
+        c.pd = pd;
+    }
+    i.state().ctx = ctx as usize;
+}
+
+fn set_route_addrs(i: &Id, local: Option<SocketAddr>, remote: Option<SocketAddr>) {
+    // SAFETY: our C part; the route's unions have room for a
+    // sockaddr_storage each.
+    unsafe {
+        let c = &mut *i.c();
+        let addr = &mut c.route.addr;
+        if let Some(l) = local {
+            write_sockaddr(std::ptr::addr_of_mut!(addr.__bindgen_anon_1).cast(), l);
+            addr.addr.ibaddr.as_mut().sgid.raw = rnic_verbs::gid_of(l.ip()).octets();
+        }
+        if let Some(r) = remote {
+            write_sockaddr(std::ptr::addr_of_mut!(addr.__bindgen_anon_2).cast(), r);
+            addr.addr.ibaddr.as_mut().dgid.raw = rnic_verbs::gid_of(r.ip()).octets();
+        }
+        addr.addr.ibaddr.as_mut().pkey = 0xFFFFu16.to_be();
+    }
+    let mut st = i.state();
+    if local.is_some() {
+        st.local = local;
+    }
+    if remote.is_some() {
+        st.remote = remote;
+    }
+}
+
+fn bind(i: &Id, at: SocketAddr) -> Result<(), i32> {
+    let ps = i.state().ps.ok_or(libc::EINVAL)?;
+    if i.state().claim.is_some() {
+        return Err(libc::EINVAL);
+    }
+    let specific = !unspecified(at.ip());
+    if specific {
+        let (ctx, pd) = device_of(at.ip())?;
+        set_device(i, ctx, pd);
+    }
+    let claim =
+        PortClaim::claim(ps, specific.then_some(at.ip()), at.port()).map_err(|e| errno_of(&e))?;
+    let local = SocketAddr::new(at.ip(), claim.port);
+    i.state().claim = Some(claim);
+    set_route_addrs(i, Some(local), None);
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut cs::rdma_cm_id, addr: *mut cs::sockaddr) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's address.
+        let at = unsafe { read_sockaddr(addr.cast()) }.ok_or(libc::EINVAL)?;
+        bind(i, at)
+    })
+}
+
+// Notices an id posts itself: the event, and its status in the low half.
+const OWN_ADDR_RESOLVED: u64 = (cs::RDMA_CM_EVENT_ADDR_RESOLVED as u64) << 32;
+const OWN_ROUTE_RESOLVED: u64 = (cs::RDMA_CM_EVENT_ROUTE_RESOLVED as u64) << 32;
+
+fn own(event: cs::rdma_cm_event_type, status: i32) -> u64 {
+    (u64::from(event) << 32) | u64::from(status as u32)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut cs::rdma_cm_id,
+    src_addr: *mut cs::sockaddr,
+    dst_addr: *mut cs::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's addresses.
+        let (src, dst) = unsafe {
+            (
+                read_sockaddr(src_addr.cast()),
+                read_sockaddr(dst_addr.cast()),
+            )
+        };
+        let dst = dst.ok_or(libc::EINVAL)?;
+        if i.state().claim.is_none() {
+            let local_ip = match src.map(|s| s.ip()).filter(|a| !unspecified(*a)) {
+                Some(a) => a,
+                None => route_to(dst.ip())?.2,
+            };
+            bind(i, SocketAddr::new(local_ip, src.map_or(0, |s| s.port())))?;
+        }
+        let local = i.state().local.ok_or(libc::EINVAL)?;
+        if unspecified(local.ip()) {
+            // Bound to the wildcard address: the device that reaches dst.
+            let (ctx, pd, ip) = route_to(dst.ip())?;
+            set_device(i, ctx, pd);
+            set_route_addrs(i, Some(SocketAddr::new(ip, local.port())), None);
+        }
+        set_route_addrs(i, None, Some(dst));
+        // On loopback, a peer is a NIC of this host: an address none
+        // holds cannot answer (the kernel's ARP would time out).
+        let reachable = !dst.ip().is_loopback() || rnic_verbs::nic_on(dst.ip());
+        let status = if reachable { 0 } else { -libc::EHOSTUNREACH };
+        let what = if reachable {
+            OWN_ADDR_RESOLVED
+        } else {
+            own(cs::RDMA_CM_EVENT_ADDR_ERROR, status)
+        };
+        i.channel()?.post(i.serial, what);
+        complete(i)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut cs::rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        let (local, remote) = {
+            let st = i.state();
+            (st.local, st.remote)
+        };
+        let (Some(local), Some(remote)) = (local, remote) else {
+            return Err(libc::EINVAL);
+        };
+        let mtu = i.ctx()?.nic.query_port().active_mtu;
+        // SAFETY: plain data.
+        let mut p: cs::ibv_sa_path_rec = unsafe { std::mem::zeroed() };
+        p.sgid.raw = rnic_verbs::gid_of(local.ip()).octets();
+        p.dgid.raw = rnic_verbs::gid_of(remote.ip()).octets();
+        p.pkey = 0xFFFFu16.to_be();
+        p.hop_limit = 64;
+        p.flow_label = rnic_wire::cm::rdma_cm_flow_label(local.port(), remote.port()).to_be();
+        p.mtu = rnic_verbs::cm::mtu_code(mtu);
+        p.mtu_selector = 2;
+        p.packet_life_time = rnic_verbs::cm::ACK_TIMEOUT - 1;
+        p.packet_life_time_selector = 2;
+        p.reversible = 1;
+        p.numb_path = 1;
+        let mut b = Box::new(p);
+        {
+            // SAFETY: our C part; the box lives in the id's state.
+            let c = unsafe { &mut *i.c() };
+            c.route.path_rec = &mut *b;
+            c.route.num_paths = 1;
+        }
+        i.state().path = Some(b);
+        i.channel()?.post(i.serial, OWN_ROUTE_RESOLVED);
+        complete(i)
+    })
+}
+
+/// For a synchronous id: wait for the event the call led to and fail as
+/// it says (librdmacm's `ucma_complete`).
+fn complete(i: &Id) -> Result<(), i32> {
+    if !i.sync() {
+        return Ok(());
+    }
+    // SAFETY: our C part.
+    let c = unsafe { &mut *i.c() };
+    if !c.event.is_null() {
+        // SAFETY: the event handed to the id before.
+        unsafe { rdma_ack_cm_event(c.event) };
+        c.event = std::ptr::null_mut();
+    }
+    let mut e: *mut cs::rdma_cm_event = std::ptr::null_mut();
+    // SAFETY: the id's own channel.
+    if unsafe { rdma_get_cm_event(c.channel, &mut e) } != 0 {
+        return Err(ffi::errno());
+    }
+    c.event = e;
+    // SAFETY: the event just taken.
+    let ev = unsafe { &*e };
+    match ev.status {
+        0 => Ok(()),
+        _ if ev.event == cs::RDMA_CM_EVENT_REJECTED => Err(libc::ECONNREFUSED),
+        s if s < 0 => Err(-s),
+        s => Err(s),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut cs::rdma_cm_id, _backlog: c_int) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        if i.state().claim.is_none() {
+            bind(i, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0))?;
+        }
+        let (local, ps) = {
+            let st = i.state();
+            (st.local.ok_or(libc::EINVAL)?, st.ps.ok_or(libc::EINVAL)?)
+        };
+        let service = rnic_wire::cm::service_id(ps, local.port());
+        let devices = if unspecified(local.ip()) {
+            all_devices()?
+        } else {
+            vec![device_of(local.ip())?]
+        };
+        let ch = i.channel()?;
+        for (ctx, _) in devices {
+            let c = context(ctx)?;
+            c.nic
+                .cm_listen(service, &ch, i.serial)
+                .map_err(|e| errno_of(&e))?;
+            i.state().listening.push((ctx as usize, service));
+        }
+        Ok(())
+    })
+}
+
+/// Stop everything an id has under way in the CM.
+fn release(i: &Id) {
+    let (listening, conn, ctx) = {
+        let mut st = i.state();
+        (std::mem::take(&mut st.listening), st.conn.take(), st.ctx)
+    };
+    for (ctx, service) in listening {
+        if let Ok(c) = context(ctx as *mut sys::ibv_context) {
+            let _ = c.nic.cm_unlisten(service);
+        }
+    }
+    if let (Some(conn), Ok(c)) = (conn, context(ctx as *mut sys::ibv_context)) {
+        let _ = c.nic.cm_release(conn);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_id(id: *mut cs::rdma_cm_id) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        release(i);
+        registry().remove(&i.serial);
+        // SAFETY: our C part.
+        let c = unsafe { &mut *i.c() };
+        if !c.event.is_null() {
+            // SAFETY: the event a synchronous call left on the id.
+            unsafe { rdma_ack_cm_event(c.event) };
+            c.event = std::ptr::null_mut();
+        }
+        // Events handed out must be acknowledged first (they point here).
+        let mut ev = lock(&i.events);
+        while ev.1 < ev.0 {
+            ev = i.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(ev);
+        let own_channel = i.state().own_channel;
+        // SAFETY: the program's id, not used afterwards.
+        let _ = unsafe { ffi::free::<Id>(id) };
+        if let Some(ch) = own_channel {
+            // SAFETY: the channel made for this id.
+            unsafe { rdma_destroy_event_channel(ch as *mut cs::rdma_event_channel) };
+        }
+        Ok(())
+    })
+}
+
+// ---- queue pairs ----
+
+fn modify(
+    qp: *mut sys::ibv_qp,
+    ctx: &Context,
+    (attr, mask): (rnic_verbs::QpAttr, rnic_verbs::AttrMask),
+) -> Result<(), i32> {
+    let mut a = crate::qp::c_qp_attr(Some(ctx), &attr);
+    // SAFETY: the id's QP and an attribute struct of ours.
+    match unsafe { crate::qp::ibv_modify_qp(qp, &mut a, mask.0 as c_int) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
+
+fn qp_state(qp: *mut sys::ibv_qp) -> Result<QpState, i32> {
+    // SAFETY: the id's QP.
+    let q = unsafe { crate::qp::Qp::from_c(qp)? };
+    q.qp.state().map_err(|e| errno_of(&e))
+}
+
+/// Take the id's QP (if it has one) to RTS as `setup` says.
+fn connect_qp(i: &Id, setup: &QpSetup) -> Result<(), i32> {
+    // SAFETY: our C part.
+    let qp = unsafe { (*i.c()).qp };
+    if qp.is_null() {
+        return Ok(());
+    }
+    let ctx = i.ctx()?;
+    if matches!(qp_state(qp)?, QpState::Reset | QpState::Init) {
+        modify(qp, ctx, setup.init_attr())?;
+    }
+    modify(qp, ctx, setup.rtr_attr())?;
+    modify(qp, ctx, setup.rts_attr())
+}
+
+/// The QP to the error state (librdmacm's `ucma_modify_qp_err`).
+fn qp_to_error(i: &Id) {
+    // SAFETY: our C part.
+    let qp = unsafe { (*i.c()).qp };
+    if qp.is_null() {
+        return;
+    }
+    if let Ok(ctx) = i.ctx() {
+        let attr = rnic_verbs::QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = modify(qp, ctx, (attr, rnic_verbs::AttrMask::STATE));
+    }
+}
+
+/// A new QP on the id's device, at INIT (RC: no remote rights until it is
+/// connected; UD: the rdma_cm Q_Key, and on to RTS), with CQs and
+/// completion channels made for it if the program gave none.
+fn create_qp(i: &Id, attr: &mut sys::ibv_qp_init_attr_ex) -> Result<(), i32> {
+    // SAFETY: our C part.
+    let c = unsafe { &mut *i.c() };
+    if !c.qp.is_null() || c.verbs.is_null() {
+        return Err(libc::EINVAL);
+    }
+    if attr.pd.is_null() {
+        attr.pd = c.pd;
+    }
+    attr.comp_mask |= sys::IBV_QP_INIT_ATTR_PD;
+    let ctx = c.verbs;
+    let mut made = Made::default();
+    let cq_for = |given: *mut sys::ibv_cq, depth: u32, chan: &mut usize, cq: &mut usize| {
+        if !given.is_null() {
+            return Ok(given);
+        }
+        // SAFETY: our own functions, on the id's context.
+        let ch = unsafe { crate::cq::ibv_create_comp_channel(ctx) };
+        if ch.is_null() {
+            return Err(ffi::errno());
+        }
+        // SAFETY: as above.
+        let q = unsafe {
+            crate::cq::ibv_create_cq(ctx, depth.max(1) as c_int, std::ptr::null_mut(), ch, 0)
+        };
+        if q.is_null() {
+            // SAFETY: the channel just made.
+            unsafe { crate::cq::ibv_destroy_comp_channel(ch) };
+            return Err(ffi::errno());
+        }
+        *chan = ch as usize;
+        *cq = q as usize;
+        Ok(q)
+    };
+    attr.send_cq = cq_for(
+        if attr.send_cq.is_null() {
+            c.send_cq
+        } else {
+            attr.send_cq
+        },
+        attr.cap.max_send_wr,
+        &mut made.send_channel,
+        &mut made.send_cq,
+    )?;
+    attr.recv_cq = cq_for(
+        if attr.recv_cq.is_null() {
+            c.recv_cq
+        } else {
+            attr.recv_cq
+        },
+        attr.cap.max_recv_wr,
+        &mut made.recv_channel,
+        &mut made.recv_cq,
+    )?;
+    if attr.srq.is_null() {
+        attr.srq = c.srq;
+    }
+    // SAFETY: our own function; the attributes are the program's, filled in.
+    let qp = unsafe { crate::qp::create_qp_ex(ctx, attr) };
+    if qp.is_null() {
+        let e = ffi::errno();
+        destroy_made(&made);
+        return Err(e);
+    }
+    let cx = context(ctx)?;
+    let init = if attr.qp_type == sys::IBV_QPT_UD {
+        let a = rnic_verbs::QpAttr {
+            qp_state: QpState::Init,
+            qkey: cs::RDMA_UDP_QKEY,
+            ..Default::default()
+        };
+        use rnic_verbs::AttrMask as M;
+        modify(qp, cx, (a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)).and_then(|()| {
+            let rtr = rnic_verbs::QpAttr {
+                qp_state: QpState::Rtr,
+                ..Default::default()
+            };
+            modify(qp, cx, (rtr, M::STATE))?;
+            let rts = rnic_verbs::QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 0,
+                ..Default::default()
+            };
+            modify(qp, cx, (rts, M::STATE | M::SQ_PSN))
+        })
+    } else {
+        let a = rnic_verbs::QpAttr {
+            qp_state: QpState::Init,
+            ..Default::default()
+        };
+        use rnic_verbs::AttrMask as M;
+        modify(
+            qp,
+            cx,
+            (a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+        )
+    };
+    if let Err(e) = init {
+        // SAFETY: the QP just made.
+        unsafe { crate::qp::ibv_destroy_qp(qp) };
+        destroy_made(&made);
+        return Err(e);
+    }
+    c.qp = qp;
+    c.pd = attr.pd;
+    if made.send_cq != 0 {
+        c.send_cq = made.send_cq as *mut sys::ibv_cq;
+        c.send_cq_channel = made.send_channel as *mut sys::ibv_comp_channel;
+    }
+    if made.recv_cq != 0 {
+        c.recv_cq = made.recv_cq as *mut sys::ibv_cq;
+        c.recv_cq_channel = made.recv_channel as *mut sys::ibv_comp_channel;
+    }
+    i.state().made = made;
+    Ok(())
+}
+
+fn destroy_made(m: &Made) {
+    // SAFETY: objects this library made for an id, destroyed once.
+    unsafe {
+        for cq in [m.send_cq, m.recv_cq] {
+            if cq != 0 {
+                crate::cq::ibv_destroy_cq(cq as *mut sys::ibv_cq);
+            }
+        }
+        for ch in [m.send_channel, m.recv_channel] {
+            if ch != 0 {
+                crate::cq::ibv_destroy_comp_channel(ch as *mut sys::ibv_comp_channel);
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp(
+    id: *mut cs::rdma_cm_id,
+    pd: *mut sys::ibv_pd,
+    qp_init_attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's attributes.
+        let a = unsafe { ffi::out(qp_init_attr)? };
+        // SAFETY: plain data.
+        let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.qp_context = a.qp_context;
+        ex.send_cq = a.send_cq;
+        ex.recv_cq = a.recv_cq;
+        ex.srq = a.srq;
+        ex.cap = a.cap;
+        ex.qp_type = a.qp_type;
+        ex.sq_sig_all = a.sq_sig_all;
+        ex.pd = pd;
+        create_qp(i, &mut ex)?;
+        a.cap = ex.cap;
+        a.send_cq = ex.send_cq;
+        a.recv_cq = ex.recv_cq;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut cs::rdma_cm_id,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's attributes.
+        let a = unsafe { ffi::out(attr)? };
+        if a.comp_mask & sys::IBV_QP_INIT_ATTR_PD == 0 {
+            a.pd = std::ptr::null_mut();
+        }
+        create_qp(i, a)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_qp(id: *mut cs::rdma_cm_id) {
+    let Ok(i) = id_of(id) else { return };
+    // SAFETY: our C part.
+    let c = unsafe { &mut *i.c() };
+    if !c.qp.is_null() {
+        // SAFETY: the id's QP.
+        unsafe { crate::qp::ibv_destroy_qp(c.qp) };
+        c.qp = std::ptr::null_mut();
+    }
+    let made = std::mem::take(&mut i.state().made);
+    if made.send_cq != 0 {
+        c.send_cq = std::ptr::null_mut();
+        c.send_cq_channel = std::ptr::null_mut();
+    }
+    if made.recv_cq != 0 {
+        c.recv_cq = std::ptr::null_mut();
+        c.recv_cq_channel = std::ptr::null_mut();
+    }
+    destroy_made(&made);
+}
+
+// ---- connecting ----
+
+/// The READs and atomics an id sends and answers at once when the program
+/// leaves it to the library (`RDMA_MAX_*`): the device's most.
+fn device_rd_atomic() -> u8 {
+    rnic_verbs::DEVICE_ATTR.max_qp_rd_atom
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_connect(
+    id: *mut cs::rdma_cm_id,
+    conn_param: *mut cs::rdma_conn_param,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's parameters (or null).
+        let p = unsafe { conn_param.as_ref() };
+        // SAFETY: our C part.
+        let c = unsafe { &*i.c() };
+        let qpn = if c.qp.is_null() {
+            p.ok_or(libc::EINVAL)?.qp_num
+        } else {
+            // SAFETY: the id's QP.
+            unsafe { (*c.qp).qp_num }
+        };
+        let pick = |v: Option<u8>, max: u32| match v {
+            Some(v) if u32::from(v) != max => v,
+            _ => device_rd_atomic(),
+        };
+        let initiator_depth = pick(p.map(|p| p.initiator_depth), cs::RDMA_MAX_INIT_DEPTH);
+        let responder_resources = pick(p.map(|p| p.responder_resources), cs::RDMA_MAX_RESP_RES);
+        let private: &[u8] = match p {
+            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+                // SAFETY: the program's private data, of the length it says.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        p.private_data.cast(),
+                        usize::from(p.private_data_len),
+                    )
+                }
+            }
+            _ => &[],
+        };
+        let ctx = i.ctx()?;
+        let (local, remote, ps, psn, ack_timeout) = {
+            let st = i.state();
+            (
+                st.local.ok_or(libc::EINVAL)?,
+                st.remote.ok_or(libc::EINVAL)?,
+                st.ps.ok_or(libc::EINVAL)?,
+                st.psn,
+                st.ack_timeout,
+            )
+        };
+        let mtu = ctx.nic.query_port().active_mtu;
+        let mut req = rnic_verbs::cm::request(
+            if ps == PortSpace::Ib {
+                PortSpace::Ib
+            } else {
+                PortSpace::Tcp
+            },
+            local,
+            remote,
+            qpn,
+            psn,
+            mtu,
+            responder_resources,
+            initiator_depth,
+            p.map_or(7, |p| p.retry_count),
+            p.map_or(7, |p| p.rnr_retry_count),
+            private,
+        )
+        .map_err(|e| errno_of(&e))?;
+        if let Some(t) = ack_timeout {
+            req.path.local_ack_timeout = t;
+        }
+        let ch = i.channel()?;
+        let conn = ctx
+            .nic
+            .cm_connect(remote.ip(), &req, &ch, i.serial)
+            .map_err(|e| errno_of(&e))?;
+        {
+            let mut st = i.state();
+            st.conn = Some(conn);
+            st.req = Some(req);
+            st.responder_resources = responder_resources;
+            st.initiator_depth = initiator_depth;
+        }
+        complete(i)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(
+    id: *mut cs::rdma_cm_id,
+    conn_param: *mut cs::rdma_conn_param,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's parameters (or null).
+        let p = unsafe { conn_param.as_ref() };
+        // SAFETY: our C part.
+        let c = unsafe { &*i.c() };
+        let qpn = if c.qp.is_null() {
+            p.ok_or(libc::EINVAL)?.qp_num
+        } else {
+            // SAFETY: the id's QP.
+            unsafe { (*c.qp).qp_num }
+        };
+        let ctx = i.ctx()?;
+        let (conn, incoming, rr, id_depth, psn, local) = {
+            let st = i.state();
+            (
+                st.conn.ok_or(libc::EINVAL)?,
+                st.incoming.clone().ok_or(libc::EINVAL)?,
+                st.responder_resources,
+                st.initiator_depth,
+                st.psn,
+                st.local.ok_or(libc::EINVAL)?,
+            )
+        };
+        let pick = |v: Option<u8>, max: u32, asked: u8| match v {
+            Some(v) if u32::from(v) != max => v,
+            _ => asked.min(device_rd_atomic()),
+        };
+        let private: Vec<u8> = match p {
+            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+                // SAFETY: the program's private data, of the length it says.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        p.private_data.cast::<u8>(),
+                        usize::from(p.private_data_len),
+                    )
+                }
+                .to_vec()
+            }
+            _ => Vec::new(),
+        };
+        let params = AcceptParams {
+            qpn,
+            starting_psn: psn,
+            responder_resources: pick(p.map(|p| p.responder_resources), cs::RDMA_MAX_RESP_RES, rr),
+            initiator_depth: pick(
+                p.map(|p| p.initiator_depth),
+                cs::RDMA_MAX_INIT_DEPTH,
+                id_depth,
+            ),
+            rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
+            private_data: private,
+        };
+        let setup = passive_setup(ctx, &incoming, local.ip(), &params);
+        i.state().setup = Some(setup);
+        if let Err(e) = connect_qp(i, &setup) {
+            qp_to_error(i);
+            return Err(e);
+        }
+        let ch = i.channel()?;
+        ctx.nic
+            .cm_accept(conn, &params, &ch, i.serial)
+            .map_err(|e| errno_of(&e))?;
+        complete(i)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut cs::rdma_cm_id,
+    private_data: *const c_void,
+    private_data_len: u8,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        let data: &[u8] = if private_data.is_null() || private_data_len == 0 {
+            &[]
+        } else {
+            // SAFETY: the program's data, of the length it says.
+            unsafe {
+                std::slice::from_raw_parts(private_data.cast(), usize::from(private_data_len))
+            }
+        };
+        let conn = i.state().conn.ok_or(libc::EINVAL)?;
+        i.ctx()?
+            .nic
+            .cm_reject(conn, reason::CONSUMER_DEFINED, data)
+            .map_err(|e| errno_of(&e))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_establish(id: *mut cs::rdma_cm_id) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: our C part.
+        if !unsafe { (*i.c()).qp }.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let conn = i.state().conn.ok_or(libc::EINVAL)?;
+        i.ctx()?.nic.cm_ready(conn).map_err(|e| errno_of(&e))?;
+        i.state().established = true;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_notify(id: *mut cs::rdma_cm_id, event: sys::ibv_event_type) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        if event != sys::IBV_EVENT_COMM_EST {
+            return Ok(());
+        }
+        let conn = i.state().conn.ok_or(libc::EINVAL)?;
+        i.ctx()?.nic.cm_established(conn).map_err(|e| errno_of(&e))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut cs::rdma_cm_id) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        qp_to_error(i);
+        let conn = i.state().conn.ok_or(libc::EINVAL)?;
+        match i.ctx()?.nic.cm_disconnect(conn) {
+            Ok(()) => complete(i),
+            // Disconnected already (the peer's DREQ was answered).
+            Err(_) => Ok(()),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut cs::rdma_cm_id,
+    qp_attr: *mut sys::ibv_qp_attr,
+    qp_attr_mask: *mut c_int,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        // SAFETY: the program's pointers.
+        let (a, m) = unsafe { (ffi::out(qp_attr)?, ffi::out(qp_attr_mask)?) };
+        let setup = setup_of(i)?;
+        let ctx = i.ctx()?;
+        let (attr, mask) = match (a.qp_state, setup) {
+            (sys::IBV_QPS_INIT, Some(s)) => s.init_attr(),
+            (sys::IBV_QPS_INIT, None) => {
+                use rnic_verbs::AttrMask as M;
+                let a = rnic_verbs::QpAttr {
+                    qp_state: QpState::Init,
+                    ..Default::default()
+                };
+                (a, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            }
+            (sys::IBV_QPS_RTR, Some(s)) => s.rtr_attr(),
+            (sys::IBV_QPS_RTS, Some(s)) => s.rts_attr(),
+            _ => return Err(libc::EINVAL),
+        };
+        *a = crate::qp::c_qp_attr(Some(ctx), &attr);
+        *m = mask.0 as c_int;
+        Ok(())
+    })
+}
+
+// ---- events ----
+
+/// `struct rdma_cm_event`, with room for the private data it points to.
+#[repr(C)]
+pub(crate) struct Event {
+    c: cs::rdma_cm_event,
+    magic: u64,
+    private: [u8; 256],
+    /// The id whose acknowledgement count it is.
+    owner: usize,
+}
+object!(Event, cs::rdma_cm_event, b"rnic-cme");
+
+fn live(serial: u64) -> Option<&'static Id> {
+    let p = *registry().get(&serial)?;
+    // SAFETY: registered ids are alive until rdma_destroy_id takes them out.
+    unsafe { Id::from_c(p as *mut cs::rdma_cm_id) }.ok()
+}
+
+/// What a notice means for the program, if anything: the event to hand it.
+fn translate(n: CmNotice) -> Option<Box<Event>> {
+    let i = live(n.token)?;
+    // SAFETY: plain data.
+    let mut e: Box<Event> = Box::new(unsafe { std::mem::zeroed() });
+    e.owner = i as *const Id as usize;
+    e.c.id = i.c();
+    let conn_param =
+        |e: &mut Event, data: &[u8], rr: u8, depth: u8, retry: u8, rnr: u8, srq: bool, qpn: u32| {
+            let n = data.len().min(e.private.len());
+            e.private[..n].copy_from_slice(&data[..n]);
+            // SAFETY: the union's conn member, plain data.
+            let p = unsafe { &mut *e.c.param.conn.as_mut() };
+            p.private_data = e.private.as_ptr().cast();
+            p.private_data_len = n as u8;
+            p.responder_resources = rr;
+            p.initiator_depth = depth;
+            p.retry_count = retry;
+            p.rnr_retry_count = rnr;
+            p.srq = u8::from(srq);
+            p.qp_num = qpn;
+        };
+    match n.what {
+        Notice::Own(w) => {
+            e.c.event = (w >> 32) as u32;
+            e.c.status = w as u32 as i32;
+        }
+        Notice::Cm(CmEvent::Request { id, from, req }) => {
+            let child = accept_request(i, id, from, &req)?;
+            e.c.listen_id = i.c();
+            e.c.id = child.c();
+            e.owner = child as *const Id as usize;
+            e.c.event = cs::RDMA_CM_EVENT_CONNECT_REQUEST;
+            let data = req.private_data.get(CMA_HEADER_LEN..).unwrap_or(&[]);
+            conn_param(
+                &mut e,
+                data,
+                req.initiator_depth,
+                req.responder_resources,
+                req.retry_count,
+                req.rnr_retry_count,
+                req.srq,
+                req.local_qpn,
+            );
+        }
+        Notice::Cm(CmEvent::Reply { id: _, rep }) => {
+            let status = reply(i, &rep);
+            // SAFETY: our C part.
+            let has_qp = !unsafe { (*i.c()).qp }.is_null();
+            e.c.event = match (has_qp, status) {
+                (false, _) => cs::RDMA_CM_EVENT_CONNECT_RESPONSE,
+                (true, Ok(())) => cs::RDMA_CM_EVENT_ESTABLISHED,
+                (true, Err(_)) => cs::RDMA_CM_EVENT_CONNECT_ERROR,
+            };
+            e.c.status = status.err().map_or(0, |s| -s);
+            conn_param(
+                &mut e,
+                &rep.private_data,
+                rep.initiator_depth,
+                rep.responder_resources,
+                0,
+                rep.rnr_retry_count,
+                rep.srq,
+                rep.local_qpn,
+            );
+        }
+        Notice::Cm(CmEvent::Established { .. }) => {
+            let mut st = i.state();
+            if st.established {
+                // The active side's: reported with the REP.
+                return None;
+            }
+            st.established = true;
+            e.c.event = cs::RDMA_CM_EVENT_ESTABLISHED;
+        }
+        Notice::Cm(CmEvent::Rejected {
+            reason,
+            private_data,
+            ..
+        }) => {
+            qp_to_error(i);
+            e.c.event = cs::RDMA_CM_EVENT_REJECTED;
+            e.c.status = i32::from(reason);
+            conn_param(&mut e, &private_data[..], 0, 0, 0, 0, false, 0);
+        }
+        Notice::Cm(CmEvent::Unreachable { .. }) => {
+            qp_to_error(i);
+            e.c.event = cs::RDMA_CM_EVENT_UNREACHABLE;
+            e.c.status = -libc::ETIMEDOUT;
+        }
+        Notice::Cm(CmEvent::DisconnectRequest { .. } | CmEvent::Disconnected { .. }) => {
+            e.c.event = cs::RDMA_CM_EVENT_DISCONNECTED;
+        }
+    }
+    Some(e)
+}
+
+/// The passive side's QP setup for the REQ it took, answered with `params`.
+fn passive_setup(
+    ctx: &Context,
+    (req, from): &(Box<Req>, IpAddr),
+    local: IpAddr,
+    params: &AcceptParams,
+) -> QpSetup {
+    let mtu = ctx.nic.query_port().active_mtu;
+    QpSetup::passive(req, *from, local, params, mtu)
+}
+
+/// What `rdma_init_qp_attr` answers from: the setup the REQ and REP (or
+/// the accept) settled, or on the passive side before the accept, the one
+/// the REQ and the id's defaults give (the kernel's CM computes it from
+/// the REQ alone, and a program may move its QP before accepting).
+fn setup_of(i: &Id) -> Result<Option<QpSetup>, i32> {
+    let st = i.state();
+    if let Some(s) = st.setup {
+        return Ok(Some(s));
+    }
+    let (Some(incoming), Some(local)) = (st.incoming.as_ref(), st.local) else {
+        return Ok(None);
+    };
+    let params = AcceptParams {
+        qpn: 0,
+        starting_psn: st.psn,
+        responder_resources: st.responder_resources.min(device_rd_atomic()),
+        initiator_depth: st.initiator_depth.min(device_rd_atomic()),
+        rnr_retry_count: 7,
+        private_data: Vec::new(),
+    };
+    let ctx = context(st.ctx as *mut sys::ibv_context)?;
+    Ok(Some(passive_setup(ctx, incoming, local.ip(), &params)))
+}
+
+/// Active side: the REP came. With a QP, take it to RTS and send the RTU
+/// (librdmacm's `ucma_process_conn_resp`); without, leave both to the
+/// program (`rdma_init_qp_attr`, `rdma_establish`).
+fn reply(i: &Id, rep: &Rep) -> Result<(), i32> {
+    let (req, local, remote, conn) = {
+        let st = i.state();
+        (
+            st.req.clone().ok_or(libc::EINVAL)?,
+            st.local.ok_or(libc::EINVAL)?,
+            st.remote.ok_or(libc::EINVAL)?,
+            st.conn.ok_or(libc::EINVAL)?,
+        )
+    };
+    let setup = QpSetup::active(&req, rep, local.ip(), remote.ip());
+    i.state().setup = Some(setup);
+    // SAFETY: our C part.
+    if unsafe { (*i.c()).qp }.is_null() {
+        return Ok(());
+    }
+    let ctx = i.ctx()?;
+    if let Err(e) = connect_qp(i, &setup) {
+        qp_to_error(i);
+        let _ = ctx.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);
+        return Err(e);
+    }
+    ctx.nic.cm_ready(conn).map_err(|e| errno_of(&e))?;
+    i.state().established = true;
+    Ok(())
+}
+
+/// Passive side: a REQ for listener `l`: a new id for it, on the device
+/// it came to, its addresses from the rdma_cm header.
+fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'static Id> {
+    let header = CmaHeader::parse(&req.private_data);
+    let local_ip = header.map(|h| h.dst).or_else(|| {
+        let g = req.primary.remote_gid;
+        Some(g.to_ipv4_mapped().map_or(IpAddr::V6(g), IpAddr::V4))
+    })?;
+    let (ctx, pd) = device_of(local_ip).ok()?;
+    let refuse = || {
+        if let Ok(c) = context(ctx) {
+            let _ = c.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);
+        }
+    };
+    let Some(h) = header else {
+        // Not an rdma_cm request: nobody here can take it.
+        refuse();
+        return None;
+    };
+    let (port, sync, qp_init) = {
+        let st = l.state();
+        (
+            st.local.map_or(0, |a| a.port()),
+            st.own_channel.is_some(),
+            st.qp_init_attr.clone(),
+        )
+    };
+    // SAFETY: the listener's C part.
+    let lc = unsafe { &*l.c() };
+    let channel = if sync {
+        std::ptr::null_mut()
+    } else {
+        lc.channel
+    };
+    let Ok(p) = create_id(channel, lc.context, lc.ps, lc.qp_type) else {
+        refuse();
+        return None;
+    };
+    let child = id_of(p).ok()?;
+    set_device(child, ctx, pd);
+    set_route_addrs(
+        child,
+        Some(SocketAddr::new(local_ip, port)),
+        Some(SocketAddr::new(from, h.src_port)),
+    );
+    {
+        let mut st = child.state();
+        st.conn = Some(conn);
+        st.ctx = ctx as usize;
+        st.incoming = Some((Box::new(*req), from));
+        // As the kernel sees it from this side.
+        st.responder_resources = req.initiator_depth;
+        st.initiator_depth = req.responder_resources;
+    }
+    if let Some(attr) = qp_init {
+        let a = *attr;
+        // SAFETY: plain data.
+        let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        ex.qp_context = a.qp_context;
+        ex.send_cq = a.send_cq;
+        ex.recv_cq = a.recv_cq;
+        ex.srq = a.srq;
+        ex.cap = a.cap;
+        ex.qp_type = a.qp_type;
+        ex.sq_sig_all = a.sq_sig_all;
+        ex.pd = lc.pd;
+        if create_qp(child, &mut ex).is_err() {
+            refuse();
+            return None;
+        }
+    }
+    Some(child)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut cs::rdma_event_channel,
+    event: *mut *mut cs::rdma_cm_event,
+) -> c_int {
+    call(|| {
+        // SAFETY: the program's channel and out-parameter.
+        let (ch, out) = unsafe { (Channel::from_c(channel)?, ffi::out(event)?) };
+        loop {
+            let n = match ch.ch.read() {
+                Ok(n) => n,
+                Err(rnic_verbs::Error::Timeout) => return Err(libc::EAGAIN),
+                Err(e) => return Err(errno_of(&e)),
+            };
+            let Some(e) = translate(n) else { continue };
+            let owner = e.owner;
+            // SAFETY: the event's id is alive (it was registered, and
+            // rdma_destroy_id waits for this event's acknowledgement).
+            let id = unsafe { &*(owner as *const Id) };
+            lock(&id.events).0 += 1;
+            let mut e = *e;
+            e.magic = 0;
+            *out = e.into_c();
+            return Ok(());
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut cs::rdma_cm_event) -> c_int {
+    call(|| {
+        // SAFETY: the program's event, not used afterwards.
+        let e = unsafe { ffi::free::<Event>(event) }.ok_or(libc::EINVAL)?;
+        // SAFETY: the owner waits for this acknowledgement before it goes.
+        let id = unsafe { &*(e.owner as *const Id) };
+        lock(&id.events).1 += 1;
+        id.acked.notify_all();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_event_str(event: cs::rdma_cm_event_type) -> *const c_char {
+    let s: &'static CStr = match event {
+        cs::RDMA_CM_EVENT_ADDR_RESOLVED => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        cs::RDMA_CM_EVENT_ADDR_ERROR => c"RDMA_CM_EVENT_ADDR_ERROR",
+        cs::RDMA_CM_EVENT_ROUTE_RESOLVED => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        cs::RDMA_CM_EVENT_ROUTE_ERROR => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        cs::RDMA_CM_EVENT_CONNECT_REQUEST => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        cs::RDMA_CM_EVENT_CONNECT_RESPONSE => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        cs::RDMA_CM_EVENT_CONNECT_ERROR => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        cs::RDMA_CM_EVENT_UNREACHABLE => c"RDMA_CM_EVENT_UNREACHABLE",
+        cs::RDMA_CM_EVENT_REJECTED => c"RDMA_CM_EVENT_REJECTED",
+        cs::RDMA_CM_EVENT_ESTABLISHED => c"RDMA_CM_EVENT_ESTABLISHED",
+        cs::RDMA_CM_EVENT_DISCONNECTED => c"RDMA_CM_EVENT_DISCONNECTED",
+        cs::RDMA_CM_EVENT_DEVICE_REMOVAL => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        cs::RDMA_CM_EVENT_MULTICAST_JOIN => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        cs::RDMA_CM_EVENT_MULTICAST_ERROR => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        cs::RDMA_CM_EVENT_ADDR_CHANGE => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        cs::RDMA_CM_EVENT_TIMEWAIT_EXIT => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_migrate_id(
+    id: *mut cs::rdma_cm_id,
+    channel: *mut cs::rdma_event_channel,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        let (c, own) = if channel.is_null() {
+            let c = new_channel()?;
+            (c, Some(c as usize))
+        } else {
+            (channel, None)
+        };
+        // SAFETY: the program's channel, or ours.
+        let ch = unsafe { Channel::from_c(c)? }.ch.clone();
+        // Events of the old channel handed out must be acknowledged first.
+        let mut ev = lock(&i.events);
+        while ev.1 < ev.0 {
+            ev = i.acked.wait(ev).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(ev);
+        let (conn, listening, ctx, old_own) = {
+            let mut st = i.state();
+            st.channel = Some(ch.clone());
+            let old = std::mem::replace(&mut st.own_channel, own);
+            (st.conn, st.listening.clone(), st.ctx, old)
+        };
+        if let (Some(conn), Ok(cx)) = (conn, context(ctx as *mut sys::ibv_context)) {
+            cx.nic
+                .cm_reroute(conn, &ch, i.serial)
+                .map_err(|e| errno_of(&e))?;
+        }
+        for (ctx, service) in listening {
+            let cx = context(ctx as *mut sys::ibv_context)?;
+            let _ = cx.nic.cm_unlisten(service);
+            cx.nic
+                .cm_listen(service, &ch, i.serial)
+                .map_err(|e| errno_of(&e))?;
+        }
+        // SAFETY: our C part.
+        unsafe { (*i.c()).channel = c };
+        if let Some(old) = old_own {
+            // SAFETY: the channel this library made for the id.
+            unsafe { rdma_destroy_event_channel(old as *mut cs::rdma_event_channel) };
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_set_option(
+    id: *mut cs::rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    optval: *mut c_void,
+    optlen: usize,
+) -> c_int {
+    call(|| {
+        let i = id_of(id)?;
+        if optval.is_null() {
+            return Err(libc::EINVAL);
+        }
+        const OPTION_ID: c_int = 0;
+        const OPTION_IB: c_int = 1;
+        const ID_TOS: c_int = 0;
+        const ID_REUSEADDR: c_int = 1;
+        const ID_AFONLY: c_int = 2;
+        const ID_ACK_TIMEOUT: c_int = 3;
+        match (level, optname) {
+            (OPTION_ID, ID_TOS | ID_REUSEADDR | ID_AFONLY) => Ok(()),
+            (OPTION_ID, ID_ACK_TIMEOUT) if optlen >= 1 => {
+                // SAFETY: the program's value, at least a byte.
+                let t = unsafe { *optval.cast::<u8>() };
+                i.state().ack_timeout = Some(t.min(31));
+                Ok(())
+            }
+            (OPTION_IB, _) => Ok(()),
+            _ => Err(libc::ENOSYS),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut cs::rdma_cm_id) -> u16 {
+    id_of(id)
+        .ok()
+        .and_then(|i| i.state().local)
+        .map_or(0, |a| a.port().to_be())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut cs::rdma_cm_id) -> u16 {
+    id_of(id)
+        .ok()
+        .and_then(|i| i.state().remote)
+        .map_or(0, |a| a.port().to_be())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut sys::ibv_context {
+    ffi::ptr_call(|| {
+        let d = all_devices()?;
+        // SAFETY: calloc of n+1 pointers; freed by rdma_free_devices.
+        let list = unsafe { libc::calloc(d.len() + 1, std::mem::size_of::<usize>()) }
+            .cast::<*mut sys::ibv_context>();
+        if list.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        for (k, (ctx, _)) in d.iter().enumerate() {
+            // SAFETY: k < n+1.
+            unsafe { *list.add(k) = *ctx };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the program's out-parameter.
+            unsafe { *num_devices = d.len() as c_int };
+        }
+        Ok(list)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut sys::ibv_context) {
+    // SAFETY: from rdma_get_devices (calloc), or null.
+    unsafe { libc::free(list.cast()) };
+}
