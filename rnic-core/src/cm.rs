@@ -674,7 +674,13 @@ impl CmAgent {
         self.outgoing.drain(..)
     }
 
-    /// What the application learns, in order.
+    /// The next thing the application learns.
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// Every event for the application, in order (the iterator drains them
+    /// all, whether or not it is run to the end).
     pub fn take_events(&mut self) -> impl Iterator<Item = CmEvent> + '_ {
         self.events.drain(..)
     }

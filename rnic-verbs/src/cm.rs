@@ -145,7 +145,10 @@ impl Routes {
             | CmEvent::Disconnected { id } => self.conns.get(id),
         };
         match route {
-            Some(r) => r.send(e),
+            Some(r) => {
+                tracing::debug!(token = r.token, ?e, "CM event");
+                r.send(e)
+            }
             None => tracing::debug!(?e, "a CM event nobody waits for"),
         }
     }

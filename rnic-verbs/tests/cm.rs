@@ -124,3 +124,48 @@ fn a_listener_that_says_no() {
     assert!(e.to_string().contains("reason 28"), "{e}");
     server.join().unwrap();
 }
+
+/// Eight REQs sent back to back (as `ucmatose -c 8` sends them: one burst,
+/// one GSO send on loopback) are eight requests at the listener.
+#[test]
+fn a_burst_of_requests_reaches_the_listener_whole() {
+    use rnic_verbs::cm::{self, CmChannel, CmEvent, Notice, PortSpace};
+    let (a, b) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let listener = b.listen(0).unwrap();
+    let to = SocketAddr::new(b.addr(), listener.port());
+    let channel = CmChannel::new().unwrap();
+    for k in 0..8u16 {
+        let p = cm::request(
+            PortSpace::Tcp,
+            SocketAddr::new(a.addr(), 40000 + k),
+            to,
+            0x100 + u32::from(k),
+            u32::from(k),
+            Mtu::Mtu1024,
+            1,
+            1,
+            7,
+            7,
+            &[],
+        )
+        .unwrap();
+        a.cm_connect(b.addr(), &p, &channel, u64::from(k)).unwrap();
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 8 {
+        match listener.next(Duration::from_secs(5)) {
+            Ok(r) => seen.push(r.peer().port()),
+            Err(e) => panic!(
+                "after {} requests: {e}; B's QP1: {:?}",
+                seen.len(),
+                b.gsi_counters()
+            ),
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, (40000..40008).collect::<Vec<_>>());
+    let _ = (Notice::Own(0), CmEvent::Established { id: cm::CmId(0) });
+}

@@ -99,7 +99,7 @@ impl Nic {
 
     /// The next thing the communication manager tells the application.
     pub fn poll_cm_event(&mut self) -> Option<CmEvent> {
-        self.gsi.as_mut()?.agent.take_events().next()
+        self.gsi.as_mut()?.agent.poll_event()
     }
 
     /// What QP 1 has counted.
@@ -343,6 +343,27 @@ mod tests {
         }
         assert_eq!(w.nics[1].gsi_counters().mads_received, 2);
         assert_eq!(w.nics[0].gsi_counters().mads_sent, 2);
+    }
+
+    /// Events wait their turn: two REQs taken in one go are two requests,
+    /// each polled on its own.
+    #[test]
+    fn cm_events_are_polled_one_at_a_time() {
+        let mut w = Wire::new();
+        w.nics[1].cm().listen(SERVICE).unwrap();
+        for qpn in [0x123, 0x124] {
+            let mut p = connect_params();
+            p.qpn = qpn;
+            w.nics[0]
+                .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &p))
+                .unwrap();
+        }
+        w.run();
+        let first = w.nics[1].poll_cm_event();
+        let second = w.nics[1].poll_cm_event();
+        assert!(matches!(first, Some(CmEvent::Request { req, .. }) if req.local_qpn == 0x123));
+        assert!(matches!(second, Some(CmEvent::Request { req, .. }) if req.local_qpn == 0x124));
+        assert_eq!(w.nics[1].poll_cm_event(), None);
     }
 
     /// A packet to QP 1 from A's address, built from parts.

@@ -1644,3 +1644,303 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut sys::ibv_context) {
     // SAFETY: from rdma_get_devices (calloc), or null.
     unsafe { libc::free(list.cast()) };
 }
+
+// ---- rdma_getaddrinfo and the endpoint calls built on it ----
+
+/// `malloc`ed copy of `len` bytes at `p` (freed by `rdma_freeaddrinfo`).
+///
+/// # Safety
+/// `p` is readable for `len` bytes.
+unsafe fn copy_out(p: *const c_void, len: usize) -> Result<*mut c_void, i32> {
+    // SAFETY: a fresh allocation of `len` bytes, filled from `p`.
+    unsafe {
+        let q = libc::malloc(len.max(1));
+        if q.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), q.cast::<u8>(), len);
+        Ok(q)
+    }
+}
+
+/// As rdma-core's: the name service's first answer for `node` and
+/// `service`, as an rdma_cm address (a passive one, `RAI_PASSIVE`, is
+/// where to listen), its QP type and port space from the hints or the
+/// socket type and protocol. Errors are getaddrinfo's (`EAI_*`), as
+/// rdma-core returns them.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const cs::rdma_addrinfo,
+    res: *mut *mut cs::rdma_addrinfo,
+) -> c_int {
+    // SAFETY: the program's hints, or null.
+    let h: cs::rdma_addrinfo = unsafe { hints.as_ref() }.copied().unwrap_or_default();
+    if (node.is_null() && service.is_null() && hints.is_null()) || res.is_null() {
+        ffi::set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: plain data.
+    let rai = unsafe { libc::calloc(1, std::mem::size_of::<cs::rdma_addrinfo>()) }
+        .cast::<cs::rdma_addrinfo>();
+    if rai.is_null() {
+        ffi::set_errno(libc::ENOMEM);
+        return -1;
+    }
+    // SAFETY: the zeroed struct just allocated.
+    let r = unsafe { &mut *rai };
+    if node.is_null() && service.is_null() {
+        r.ai_flags = h.ai_flags;
+        r.ai_family = h.ai_family;
+        r.ai_qp_type = h.ai_qp_type;
+        r.ai_port_space = h.ai_port_space;
+        if h.ai_dst_len > 0 && !h.ai_dst_addr.is_null() {
+            // SAFETY: the hints' address, of the length they say.
+            match unsafe { copy_out(h.ai_dst_addr.cast(), h.ai_dst_len as usize) } {
+                Ok(p) => {
+                    r.ai_dst_addr = p.cast();
+                    r.ai_dst_len = h.ai_dst_len;
+                }
+                Err(e) => {
+                    // SAFETY: ours.
+                    unsafe { rdma_freeaddrinfo(rai) };
+                    ffi::set_errno(e);
+                    return -1;
+                }
+            }
+        }
+    } else {
+        // SAFETY: plain data.
+        let mut ai_hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+        if h.ai_flags & cs::RAI_PASSIVE as c_int != 0 {
+            ai_hints.ai_flags = libc::AI_PASSIVE;
+        }
+        if h.ai_flags & cs::RAI_NUMERICHOST as c_int != 0 {
+            ai_hints.ai_flags |= libc::AI_NUMERICHOST;
+        }
+        ai_hints.ai_family = h.ai_family;
+        ai_hints.ai_socktype = match h.ai_qp_type as u32 {
+            sys::IBV_QPT_UD => libc::SOCK_DGRAM,
+            0 => 0,
+            _ => libc::SOCK_STREAM,
+        };
+        ai_hints.ai_protocol = match h.ai_port_space as u32 {
+            cs::RDMA_PS_TCP => libc::IPPROTO_TCP,
+            cs::RDMA_PS_UDP | cs::RDMA_PS_IPOIB => libc::IPPROTO_UDP,
+            _ => 0,
+        };
+        let mut ai: *mut libc::addrinfo = std::ptr::null_mut();
+        let use_hints = if hints.is_null() {
+            std::ptr::null()
+        } else {
+            &ai_hints as *const libc::addrinfo
+        };
+        // SAFETY: the program's strings (or null) and our hints.
+        let ret = unsafe { libc::getaddrinfo(node, service, use_hints, &mut ai) };
+        if ret != 0 {
+            // SAFETY: ours.
+            unsafe { rdma_freeaddrinfo(rai) };
+            return ret;
+        }
+        // SAFETY: getaddrinfo's first answer.
+        let a = unsafe { &*ai };
+        r.ai_qp_type = if h.ai_qp_type != 0 {
+            h.ai_qp_type
+        } else if a.ai_socktype == libc::SOCK_DGRAM {
+            sys::IBV_QPT_UD as c_int
+        } else {
+            sys::IBV_QPT_RC as c_int
+        };
+        r.ai_port_space = if h.ai_port_space != 0 {
+            h.ai_port_space
+        } else if a.ai_protocol == libc::IPPROTO_UDP {
+            cs::RDMA_PS_UDP as c_int
+        } else {
+            cs::RDMA_PS_TCP as c_int
+        };
+        r.ai_family = a.ai_family;
+        // SAFETY: getaddrinfo's address, of the length it says.
+        let copied = unsafe { copy_out(a.ai_addr.cast(), a.ai_addrlen as usize) };
+        let passive = a.ai_flags & libc::AI_PASSIVE != 0;
+        // SAFETY: getaddrinfo's list, freed once.
+        unsafe { libc::freeaddrinfo(ai) };
+        match copied {
+            Ok(p) if passive => {
+                r.ai_flags = cs::RAI_PASSIVE as c_int;
+                r.ai_src_addr = p.cast();
+                r.ai_src_len = a.ai_addrlen;
+            }
+            Ok(p) => {
+                r.ai_dst_addr = p.cast();
+                r.ai_dst_len = a.ai_addrlen;
+            }
+            Err(e) => {
+                // SAFETY: ours.
+                unsafe { rdma_freeaddrinfo(rai) };
+                ffi::set_errno(e);
+                return -1;
+            }
+        }
+    }
+    if r.ai_src_len == 0 && h.ai_src_len > 0 && !h.ai_src_addr.is_null() {
+        // SAFETY: the hints' address, of the length they say.
+        if let Ok(p) = unsafe { copy_out(h.ai_src_addr.cast(), h.ai_src_len as usize) } {
+            r.ai_src_addr = p.cast();
+            r.ai_src_len = h.ai_src_len;
+        }
+    }
+    // SAFETY: the program's out-parameter, checked non-null.
+    unsafe { *res = rai };
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut cs::rdma_addrinfo) {
+    let mut next = res;
+    while !next.is_null() {
+        // SAFETY: a list rdma_getaddrinfo made with malloc and calloc.
+        unsafe {
+            let r = &*next;
+            let after = r.ai_next;
+            for p in [
+                r.ai_connect,
+                r.ai_route,
+                r.ai_src_canonname.cast(),
+                r.ai_dst_canonname.cast(),
+                r.ai_src_addr.cast(),
+                r.ai_dst_addr.cast(),
+            ] {
+                libc::free(p);
+            }
+            libc::free(next.cast());
+            next = after;
+        }
+    }
+}
+
+/// As rdma-core's: a synchronous id for `res`, bound for a passive one,
+/// resolved (address and route) for an active one, with a QP if
+/// `qp_init_attr` is given (for a passive one, each request's id gets one
+/// in `rdma_get_request`).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_create_ep(
+    id: *mut *mut cs::rdma_cm_id,
+    res: *mut cs::rdma_addrinfo,
+    pd: *mut sys::ibv_pd,
+    qp_init_attr: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    call(|| {
+        // SAFETY: the program's pointers.
+        let (out, r) = unsafe { (ffi::out(id)?, ffi::input(res)?) };
+        let ps = match r.ai_port_space {
+            0 => cs::RDMA_PS_TCP,
+            p => p as u32,
+        };
+        let qp_type = match r.ai_qp_type {
+            0 => sys::IBV_QPT_RC,
+            t => t as u32,
+        };
+        let p = create_id(std::ptr::null_mut(), std::ptr::null_mut(), ps, qp_type)?;
+        let i = id_of(p)?;
+        let undo = |e: i32| {
+            // SAFETY: the id just made.
+            unsafe { rdma_destroy_id(p) };
+            e
+        };
+        if r.ai_flags & cs::RAI_PASSIVE as c_int != 0 {
+            // SAFETY: the program's address.
+            let at = unsafe { read_sockaddr(r.ai_src_addr.cast()) }.ok_or(libc::EINVAL);
+            at.and_then(|at| bind(i, at)).map_err(undo)?;
+            if !qp_init_attr.is_null() {
+                // SAFETY: the program's attributes.
+                let a = unsafe { *qp_init_attr };
+                i.state().qp_init_attr = Some(Box::new(a));
+            }
+            if !pd.is_null() {
+                // SAFETY: our C part.
+                unsafe { (*i.c()).pd = pd };
+            }
+        } else {
+            // SAFETY: the addresses of the program's rdma_addrinfo.
+            let ret = unsafe {
+                let r2 = rdma_resolve_addr(p, r.ai_src_addr, r.ai_dst_addr, 2000);
+                if r2 == 0 {
+                    rdma_resolve_route(p, 2000)
+                } else {
+                    r2
+                }
+            };
+            if ret != 0 {
+                return Err(undo(ffi::errno()));
+            }
+            if !pd.is_null() {
+                // SAFETY: our C part.
+                unsafe { (*i.c()).pd = pd };
+            }
+            if !qp_init_attr.is_null() {
+                // SAFETY: the program's attributes.
+                let ret = unsafe { rdma_create_qp(p, pd, qp_init_attr) };
+                if ret != 0 {
+                    return Err(undo(ffi::errno()));
+                }
+            }
+        }
+        *out = p;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_ep(id: *mut cs::rdma_cm_id) {
+    // SAFETY: the program's id.
+    unsafe {
+        rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+    }
+}
+
+/// As rdma-core's: on a synchronous listener, wait for the next connection
+/// request and hand out its id (with a QP if the listener was made with
+/// QP attributes).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut cs::rdma_cm_id,
+    id: *mut *mut cs::rdma_cm_id,
+) -> c_int {
+    call(|| {
+        let l = id_of(listen)?;
+        // SAFETY: the program's out-parameter.
+        let out = unsafe { ffi::out(id)? };
+        if !l.sync() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: our C part.
+        let lc = unsafe { &mut *l.c() };
+        if !lc.event.is_null() {
+            // SAFETY: the event left on the listener.
+            unsafe { rdma_ack_cm_event(lc.event) };
+            lc.event = std::ptr::null_mut();
+        }
+        let mut e: *mut cs::rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the listener's own channel.
+        if unsafe { rdma_get_cm_event(lc.channel, &mut e) } != 0 {
+            return Err(ffi::errno());
+        }
+        // SAFETY: the event just taken.
+        let ev = unsafe { &*e };
+        if ev.event != cs::RDMA_CM_EVENT_CONNECT_REQUEST || ev.status != 0 {
+            lc.event = e;
+            return Err(match (ev.event, ev.status) {
+                (cs::RDMA_CM_EVENT_REJECTED, _) => libc::ECONNREFUSED,
+                (_, s) if s < 0 => -s,
+                (_, 0) => libc::EINVAL,
+                (_, s) => s,
+            });
+        }
+        // SAFETY: the new id, made for the request.
+        unsafe { (*ev.id).event = e };
+        *out = ev.id;
+        Ok(())
+    })
+}

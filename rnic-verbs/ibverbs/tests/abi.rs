@@ -66,7 +66,12 @@ fn every_listed_symbol_is_exported_under_its_version_and_nothing_else() {
         env!("CARGO_MANIFEST_DIR"),
         "/abi/rdma-core-44.symbols"
     ))
-    .unwrap();
+    .unwrap()
+        + &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/abi/rdmacm-44.symbols"
+        ))
+        .unwrap();
     let mut want: Vec<String> = list
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -76,7 +81,7 @@ fn every_listed_symbol_is_exported_under_its_version_and_nothing_else() {
         })
         .collect();
     // The version nodes themselves appear as absolute symbols.
-    exported.retain(|s| !s.starts_with("IBVERBS_"));
+    exported.retain(|s| !s.starts_with("IBVERBS_") && !s.starts_with("RDMACM_"));
     want.sort();
     assert_eq!(exported, want);
     assert!(
@@ -84,6 +89,42 @@ fn every_listed_symbol_is_exported_under_its_version_and_nothing_else() {
             && text.contains("OBJECT"),
         "the provider data object is exported as data"
     );
+}
+
+/// `librdmacm.so.1` beside the library is a link to it: a program that
+/// needs both maps one file (the loader knows it by its inode), so the CM
+/// and the verbs objects are one library's.
+#[test]
+fn librdmacm_is_the_same_library() {
+    let lib = library();
+    let cm = lib.with_file_name("librdmacm.so.1");
+    assert_eq!(
+        std::fs::canonicalize(&cm).unwrap(),
+        std::fs::canonicalize(&lib).unwrap(),
+        "{} is not {}",
+        cm.display(),
+        lib.display()
+    );
+}
+
+#[test]
+fn the_rdmacm_symbol_list_matches_the_installed_librdmacm() {
+    let installed = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
+    if !installed.exists() {
+        eprintln!("SKIPPED: no installed librdmacm.so.1 to compare with");
+        return;
+    }
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/gen-symbols"))
+        .arg(installed)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let list = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/abi/rdmacm-44.symbols"
+    ))
+    .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), list);
 }
 
 #[test]
