@@ -172,6 +172,7 @@ impl Device {
     /// Another listener of the service on this NIC: `AddrInUse`.
     pub fn cm_listen(&self, service_id: u64, channel: &CmChannel, token: u64) -> Result<()> {
         let route = channel.route(token);
+        tracing::debug!(service_id = format_args!("{service_id:#x}"), "CM listen");
         self.engine.call(move |st| -> Result<()> {
             st.nic.cm().listen(service_id)?;
             st.cm_routes.listeners.insert(service_id, route);
@@ -200,6 +201,7 @@ impl Device {
         token: u64,
     ) -> Result<CmId> {
         let route = channel.route(token);
+        tracing::debug!(%to, service_id = format_args!("{:#x}", params.service_id), "CM connect");
         self.engine.call(move |st| -> Result<CmId> {
             let now = st.now();
             let id = st.nic.cm_call(now, |cm, now| cm.connect(now, to, params))?;
@@ -278,6 +280,17 @@ impl Device {
             let now = st.now();
             Ok(st.nic.cm_call(now, f)?)
         })?
+    }
+
+    /// Send now what waits for the program's answer (the ACKs of requests
+    /// it has shown it answers, see the engine's `hold`): a program that
+    /// turns to the CM (to resolve an address, say) is not about to answer
+    /// on a QP, and a peer may be waiting for those ACKs to go on, to
+    /// listen for the connection this program is about to make.
+    pub fn send_held(&self) -> Result<()> {
+        // Every call sends what is held once it has run.
+        self.engine.call(|_| ())?;
+        Ok(())
     }
 
     /// What QP 1 has counted.
@@ -513,11 +526,13 @@ impl QpSetup {
     }
 }
 
-/// A port of an rdma_cm port space on an address, held while the value
-/// lives: the name of an abstract Unix socket, which belongs to the network
-/// namespace as the address does and which the kernel frees however the
-/// holder ends. A port bound on the wildcard address also holds it on
-/// every address.
+/// A port of an rdma_cm port space on some addresses, held while the
+/// value lives: per address, the name of an abstract Unix socket, which
+/// belongs to the network namespace as the address does and which the
+/// kernel frees however the holder ends. An id bound to the wildcard
+/// address holds the port on every address of its NICs (the only ones it
+/// listens on), so two ids conflict exactly when they want one port of
+/// one address, whichever processes they are in.
 #[derive(Debug)]
 pub struct PortClaim {
     _sockets: Vec<std::os::unix::net::UnixDatagram>,
@@ -525,11 +540,8 @@ pub struct PortClaim {
     pub port: u16,
 }
 
-fn claim_name(ps: PortSpace, port: u16, addr: Option<IpAddr>) -> String {
-    match addr {
-        Some(a) => format!("rnic/cm/{:04x}/{port}/{a}", ps.number()),
-        None => format!("rnic/cm/{:04x}/{port}/any", ps.number()),
-    }
+fn claim_name(ps: PortSpace, port: u16, addr: IpAddr) -> String {
+    format!("rnic/cm/{:04x}/{port}/{addr}", ps.number())
 }
 
 fn bind_name(name: &str) -> io::Result<std::os::unix::net::UnixDatagram> {
@@ -544,21 +556,21 @@ const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 
 impl PortClaim {
     /// Claim `port` (0: a free one from the ephemeral range) of `ps` on
-    /// `addr` (`None`: the wildcard address, for every address), among
-    /// every process of the host: `AddrInUse` if another id holds it.
-    pub fn claim(ps: PortSpace, addr: Option<IpAddr>, port: u16) -> Result<PortClaim> {
+    /// every address of `addrs`, among every process of the host:
+    /// `AddrInUse` if another id holds it on one of them.
+    pub fn claim(ps: PortSpace, addrs: &[IpAddr], port: u16) -> Result<PortClaim> {
         if port != 0 {
-            return Ok(Self::claim_exact(ps, addr, port)?);
+            return Ok(Self::claim_exact(ps, addrs, port)?);
         }
-        let start = u16::try_from(
-            u64::from(std::process::id()).wrapping_mul(2_654_435_761)
-                % u64::from(EPHEMERAL.end() - EPHEMERAL.start() + 1),
-        )
-        .unwrap_or(0);
         let span = EPHEMERAL.end() - EPHEMERAL.start() + 1;
+        // Start somewhere of the process's own, so that processes starting
+        // together rarely try the same ports.
+        let mut b = [0u8; 2];
+        let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+        let start = u16::from_ne_bytes(b) % span;
         for k in 0..span {
             let p = EPHEMERAL.start() + (start.wrapping_add(k) % span);
-            match Self::claim_exact(ps, addr, p) {
+            match Self::claim_exact(ps, addrs, p) {
                 Ok(c) => return Ok(c),
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e.into()),
@@ -570,36 +582,22 @@ impl PortClaim {
         )))
     }
 
-    fn claim_exact(ps: PortSpace, addr: Option<IpAddr>, port: u16) -> io::Result<PortClaim> {
-        let in_use = |_: io::Error| {
-            io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("rdma_cm port {port} is bound already"),
-            )
-        };
-        let mut sockets = Vec::new();
-        match addr {
-            Some(a) => {
-                sockets.push(bind_name(&claim_name(ps, port, Some(a))).map_err(in_use)?);
-                // Not while the wildcard address holds the port.
-                if let Err(e) = bind_name(&claim_name(ps, port, None)) {
-                    return Err(in_use(e));
-                }
-            }
-            None => {
-                sockets.push(bind_name(&claim_name(ps, port, None)).map_err(in_use)?);
-                // Not while any address holds it (the names on record).
-                let prefix = format!("@{}", claim_name(ps, port, None).trim_end_matches("any"));
-                let held = std::fs::read_to_string("/proc/net/unix")
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|l| l.split_whitespace().nth(7))
-                    .any(|name| name.starts_with(&prefix) && !name.ends_with("/any"));
-                if held {
-                    return Err(in_use(io::ErrorKind::AddrInUse.into()));
-                }
-            }
-        }
+    fn claim_exact(ps: PortSpace, addrs: &[IpAddr], port: u16) -> io::Result<PortClaim> {
+        let sockets = addrs
+            .iter()
+            .map(|&a| {
+                bind_name(&claim_name(ps, port, a)).map_err(|e| {
+                    if e.kind() == io::ErrorKind::AddrInUse {
+                        io::Error::new(
+                            io::ErrorKind::AddrInUse,
+                            format!("rdma_cm port {port} of {a} is bound already"),
+                        )
+                    } else {
+                        e
+                    }
+                })
+            })
+            .collect::<io::Result<Vec<_>>>()?;
         Ok(PortClaim {
             _sockets: sockets,
             port,
@@ -644,7 +642,7 @@ impl Device {
     /// address, as `rdma_bind_addr` and `rdma_listen` do: `AddrInUse` if
     /// an id of any process holds the port.
     pub fn listen(&self, port: u16) -> Result<Listener> {
-        let claim = PortClaim::claim(PortSpace::Tcp, Some(self.addr()), port)?;
+        let claim = PortClaim::claim(PortSpace::Tcp, self.gids(), port)?;
         let service_id = rnic_wire::cm::service_id(PortSpace::Tcp, claim.port);
         let channel = CmChannel::new()?;
         self.cm_listen(service_id, &channel, 0)?;
@@ -668,7 +666,7 @@ impl Device {
         timeout: Duration,
     ) -> Result<Connection> {
         let local_ip = qp.src.unwrap_or_else(|| self.addr());
-        let claim = PortClaim::claim(PortSpace::Tcp, Some(local_ip), 0)?;
+        let claim = PortClaim::claim(PortSpace::Tcp, &[local_ip], 0)?;
         let mtu = self.query_port().active_mtu;
         let params = request(
             PortSpace::Tcp,

@@ -465,13 +465,28 @@ fn bind(i: &Id, at: SocketAddr) -> Result<(), i32> {
     if i.state().claim.is_some() {
         return Err(libc::EINVAL);
     }
-    let specific = !unspecified(at.ip());
-    if specific {
+    // The addresses the id will be reached at: the one it names, or on
+    // the wildcard address, every address of this process's devices of
+    // its family (of both, for IPv6's, as the kernel's dual-stack port
+    // space has it).
+    let addrs: Vec<IpAddr> = if unspecified(at.ip()) {
+        let mut v = Vec::new();
+        for (ctx, _) in all_devices()? {
+            let c = context(ctx)?;
+            v.extend(
+                c.nic
+                    .gids()
+                    .iter()
+                    .filter(|a| at.is_ipv6() || a.is_ipv4()),
+            );
+        }
+        v
+    } else {
         let (ctx, pd) = device_of(at.ip())?;
         set_device(i, ctx, pd);
-    }
-    let claim =
-        PortClaim::claim(ps, specific.then_some(at.ip()), at.port()).map_err(|e| errno_of(&e))?;
+        vec![at.ip()]
+    };
+    let claim = PortClaim::claim(ps, &addrs, at.port()).map_err(|e| errno_of(&e))?;
     let local = SocketAddr::new(at.ip(), claim.port);
     i.state().claim = Some(claim);
     set_route_addrs(i, Some(local), None);
@@ -513,6 +528,12 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             )
         };
         let dst = dst.ok_or(libc::EINVAL)?;
+        // The program turned from its QPs to the CM: the ACKs that wait for
+        // its answer on them go now (a peer waiting for them may be about
+        // to listen for this very connection).
+        for (ctx, _) in all_devices()? {
+            let _ = context(ctx)?.nic.send_held();
+        }
         if i.state().claim.is_none() {
             let local_ip = match src.map(|s| s.ip()).filter(|a| !unspecified(*a)) {
                 Some(a) => a,
@@ -1854,7 +1875,8 @@ pub unsafe extern "C" fn rdma_create_ep(
             at.and_then(|at| bind(i, at)).map_err(undo)?;
             if !qp_init_attr.is_null() {
                 // SAFETY: the program's attributes.
-                let a = unsafe { *qp_init_attr };
+                let mut a = unsafe { *qp_init_attr };
+                a.qp_type = qp_type;
                 i.state().qp_init_attr = Some(Box::new(a));
             }
             if !pd.is_null() {
@@ -1880,7 +1902,10 @@ pub unsafe extern "C" fn rdma_create_ep(
             }
             if !qp_init_attr.is_null() {
                 // SAFETY: the program's attributes.
-                let ret = unsafe { rdma_create_qp(p, pd, qp_init_attr) };
+                let ret = unsafe {
+                    (*qp_init_attr).qp_type = qp_type;
+                    rdma_create_qp(p, pd, qp_init_attr)
+                };
                 if ret != 0 {
                     return Err(undo(ffi::errno()));
                 }
