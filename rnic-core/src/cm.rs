@@ -31,6 +31,10 @@ use rnic_wire::cm::{self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, 
 use crate::rng::{self, SecretRng};
 use crate::time::Time;
 
+/// The most REQs a listener holds unanswered unless told otherwise: the
+/// kernel's rdma_cm default (`net.rdma_ucm.max_backlog`).
+pub const DEFAULT_BACKLOG: usize = 1024;
+
 /// How long a connection stays in timewait after it is disconnected: the
 /// IDs of a connection just closed are refused to a late REQ for that long.
 pub const TIMEWAIT: Duration = Duration::from_secs(1);
@@ -188,6 +192,8 @@ struct Conn {
     remote_qpn: u32,
     /// This side sent the REQ.
     active: bool,
+    /// The service a passive connection's REQ asked for.
+    service_id: u64,
 }
 
 impl Conn {
@@ -206,7 +212,8 @@ pub struct CmAgent {
     hi_tid: u32,
     ids: rng::Ids,
     conns: HashMap<u32, Conn>,
-    listening: HashMap<u64, ()>,
+    /// Services listened on, each with its backlog.
+    listening: HashMap<u64, usize>,
     outgoing: VecDeque<(IpAddr, Mad)>,
     events: VecDeque<CmEvent>,
     /// The CM response timeout exponent this side announces (20: about 4 s,
@@ -214,6 +221,8 @@ pub struct CmAgent {
     pub response_timeout: u8,
     /// Retries of a REQ, REP or DREQ before giving up (15, as the kernel's).
     pub max_retries: u8,
+    /// REQs dropped because their listener's backlog was full.
+    pub requests_dropped: u64,
 }
 
 impl std::fmt::Debug for CmAgent {
@@ -249,14 +258,26 @@ impl CmAgent {
             events: VecDeque::new(),
             response_timeout: 20,
             max_retries: 15,
+            requests_dropped: 0,
         }
     }
 
-    /// Accept REQs for `service_id`.
+    /// Accept REQs for `service_id`, with the default backlog
+    /// ([`DEFAULT_BACKLOG`]).
     pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
-        if self.listening.insert(service_id, ()).is_some() {
+        self.listen_with_backlog(service_id, DEFAULT_BACKLOG)
+    }
+
+    /// Accept REQs for `service_id`, holding at most `backlog` the
+    /// application has not answered yet: a REQ beyond them is dropped
+    /// (and counted), not refused, as the kernel's CM drops one its
+    /// listener has no room for, so that the peer's retry may find room.
+    /// A peer that floods REQs and never completes one holds no more.
+    pub fn listen_with_backlog(&mut self, service_id: u64, backlog: usize) -> Result<(), CmError> {
+        if self.listening.contains_key(&service_id) {
             return Err(CmError::Listening(service_id));
         }
+        self.listening.insert(service_id, backlog.max(1));
         Ok(())
     }
 
@@ -334,6 +355,7 @@ impl CmAgent {
                 response_timeout: self.response_timeout,
                 remote_qpn: 0,
                 active: true,
+                service_id: p.service_id,
             },
         );
         self.send_kept(now, id, Mad::new(tid, Message::Req(req)));
@@ -526,7 +548,7 @@ impl CmAgent {
             // the REP answers it (and is sent again on its own timer).
             return;
         }
-        if !self.listening.contains_key(&req.service_id) {
+        let Some(&backlog) = self.listening.get(&req.service_id) else {
             let rej = Rej::new(
                 0,
                 req.local_comm_id,
@@ -534,6 +556,15 @@ impl CmAgent {
                 reason::INVALID_SERVICE_ID,
             );
             self.send(from, Mad::new(tid, Message::Rej(rej)));
+            return;
+        };
+        let waiting = self
+            .conns
+            .values()
+            .filter(|c| c.state == State::ReqRcvd && c.service_id == req.service_id)
+            .count();
+        if waiting >= backlog {
+            self.requests_dropped += 1;
             return;
         }
         let Ok(id) = self.new_id() else {
@@ -553,6 +584,7 @@ impl CmAgent {
                 response_timeout: req.local_cm_response_timeout,
                 remote_qpn: req.local_qpn,
                 active: false,
+                service_id: req.service_id,
             },
         );
         self.events.push_back(CmEvent::Request {

@@ -68,3 +68,13 @@ fn random_requests_touch_only_what_they_may() {
 fn random_responses_leave_no_requester_stuck() {
     random_inputs(40_000, rnic_core::fuzz::requester::run);
 }
+
+#[test]
+fn every_saved_cm_case_replays_clean() {
+    replay("cm", rnic_core::fuzz::cm::run);
+}
+
+#[test]
+fn random_cm_sessions_never_connect_what_was_not_accepted() {
+    random_inputs(20_000, rnic_core::fuzz::cm::run);
+}

@@ -168,13 +168,21 @@ impl From<CmError> for Error {
 
 impl Device {
     /// Take the REQs for `service_id` (rdma_cm's: [`rnic_wire::cm::service_id`]):
-    /// each arrives on `channel` as a [`CmEvent::Request`] with `token`.
-    /// Another listener of the service on this NIC: `AddrInUse`.
-    pub fn cm_listen(&self, service_id: u64, channel: &CmChannel, token: u64) -> Result<()> {
+    /// each arrives on `channel` as a [`CmEvent::Request`] with `token`,
+    /// at most `backlog` of them unanswered at a time (those beyond are
+    /// dropped, and the peer's retry may find room). Another listener of
+    /// the service on this NIC: `AddrInUse`.
+    pub fn cm_listen(
+        &self,
+        service_id: u64,
+        backlog: usize,
+        channel: &CmChannel,
+        token: u64,
+    ) -> Result<()> {
         let route = channel.route(token);
         tracing::debug!(service_id = format_args!("{service_id:#x}"), "CM listen");
         self.engine.call(move |st| -> Result<()> {
-            st.nic.cm().listen(service_id)?;
+            st.nic.cm().listen_with_backlog(service_id, backlog)?;
             st.cm_routes.listeners.insert(service_id, route);
             Ok(())
         })?
@@ -645,7 +653,7 @@ impl Device {
         let claim = PortClaim::claim(PortSpace::Tcp, self.gids(), port)?;
         let service_id = rnic_wire::cm::service_id(PortSpace::Tcp, claim.port);
         let channel = CmChannel::new()?;
-        self.cm_listen(service_id, &channel, 0)?;
+        self.cm_listen(service_id, rnic_core::cm::DEFAULT_BACKLOG, &channel, 0)?;
         Ok(Listener {
             dev: self.clone(),
             service_id,

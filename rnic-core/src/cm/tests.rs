@@ -477,3 +477,35 @@ fn misuse_is_refused_and_changes_nothing() {
         Some(CmEvent::Reply { .. })
     ));
 }
+
+/// An RTU for a request the application has not accepted establishes
+/// nothing, even naming the right IDs (the listener's ID is only sent in a
+/// REP; this is the check behind that).
+#[test]
+fn an_rtu_before_the_accept_establishes_nothing() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let [CmEvent::Request { id: b_id, .. }] = p.b.take_events().collect::<Vec<_>>()[..] else {
+        panic!("no request");
+    };
+    let tid = p.tids[0];
+    let rtu = Message::Rtu(Ids {
+        local_comm_id: a_id.0,
+        remote_comm_id: b_id.0,
+        private_data: [0; cm::private_len::RTU],
+    });
+    p.b.on_mad(p.now, A, &Mad::new(tid, rtu));
+    assert_eq!(
+        p.b.take_events().count(),
+        0,
+        "established without an accept"
+    );
+    // Accepted, the same RTU establishes it.
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    p.b.on_mad(p.now, A, &Mad::new(tid, rtu));
+    assert_eq!(
+        p.b.take_events().collect::<Vec<_>>(),
+        [CmEvent::Established { id: b_id }]
+    );
+}

@@ -12,8 +12,13 @@
 //!   interleaved with posts and timers. Completions come once and in order,
 //!   only READ and atomic targets are written, and once the peer falls
 //!   silent every work request completes.
+//! - [`cm::run`] (`cm`): two NICs' communication managers on QP 1, the
+//!   real exchange lost, duplicated and reordered among forged MADs; the
+//!   listener is never connected to what it did not accept, and holds no
+//!   more than its backlog.
 
 mod arena;
+pub mod cm;
 pub mod requester;
 pub mod responder;
 mod session;

@@ -366,6 +366,44 @@ mod tests {
         assert_eq!(w.nics[1].poll_cm_event(), None);
     }
 
+    /// A flood of REQs nobody completes holds no more than the listener's
+    /// backlog: the rest are dropped (counted, no REJ: the kernel's CM
+    /// leaves a retry its chance), and answering one makes room.
+    #[test]
+    fn a_req_flood_holds_the_backlog_and_no_more() {
+        let mut w = Wire::new();
+        w.nics[1].cm().listen_with_backlog(SERVICE, 4).unwrap();
+        for k in 0..100 {
+            let mut p = connect_params();
+            p.qpn = 0x200 + k;
+            w.nics[0]
+                .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &p))
+                .unwrap();
+        }
+        w.run();
+        let requests = w.events(1);
+        assert_eq!(requests.len(), 4);
+        assert_eq!(w.nics[1].cm().connections(), 4);
+        assert_eq!(w.nics[1].cm().requests_dropped, 96);
+        assert!(w.seen.iter().all(|d| d.src == A), "B answered the flood");
+        // Refusing one makes room for the next REQ (a retry, here a new one).
+        let CmEvent::Request { id, .. } = requests[0] else {
+            panic!()
+        };
+        w.nics[1]
+            .cm_call(Time::ZERO, |cm, _| cm.reject(id, 28, &[]))
+            .unwrap();
+        let mut p = connect_params();
+        p.qpn = 0x999;
+        w.nics[0]
+            .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &p))
+            .unwrap();
+        w.run();
+        assert!(
+            matches!(&w.events(1)[..], [CmEvent::Request { req, .. }] if req.local_qpn == 0x999)
+        );
+    }
+
     /// A packet to QP 1 from A's address, built from parts.
     fn to_qp1(opcode: Opcode, p_key: u16, q_key: u32, mad: &[u8]) -> Datagram {
         let mut ib = IbRepr::new(bth::Repr::new(opcode, GSI_QPN, Psn::new(0)));

@@ -295,8 +295,8 @@ struct IdState {
     local: Option<SocketAddr>,
     remote: Option<SocketAddr>,
     claim: Option<PortClaim>,
-    /// Services listened on, by device.
-    listening: Vec<(usize, u64)>,
+    /// Services listened on, by device, with their backlogs.
+    listening: Vec<(usize, u64, usize)>,
     /// The connection, and the device it is on.
     conn: Option<CmId>,
     ctx: usize,
@@ -473,12 +473,7 @@ fn bind(i: &Id, at: SocketAddr) -> Result<(), i32> {
         let mut v = Vec::new();
         for (ctx, _) in all_devices()? {
             let c = context(ctx)?;
-            v.extend(
-                c.nic
-                    .gids()
-                    .iter()
-                    .filter(|a| at.is_ipv6() || a.is_ipv4()),
-            );
+            v.extend(c.nic.gids().iter().filter(|a| at.is_ipv6() || a.is_ipv4()));
         }
         v
     } else {
@@ -631,7 +626,7 @@ fn complete(i: &Id) -> Result<(), i32> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_listen(id: *mut cs::rdma_cm_id, _backlog: c_int) -> c_int {
+pub unsafe extern "C" fn rdma_listen(id: *mut cs::rdma_cm_id, backlog: c_int) -> c_int {
     call(|| {
         let i = id_of(id)?;
         if i.state().claim.is_none() {
@@ -647,13 +642,20 @@ pub unsafe extern "C" fn rdma_listen(id: *mut cs::rdma_cm_id, _backlog: c_int) -
         } else {
             vec![device_of(local.ip())?]
         };
+        // As the kernel's rdma_ucm: the program's, up to its most (also
+        // when it gives none).
+        let most = rnic_core::cm::DEFAULT_BACKLOG;
+        let backlog = usize::try_from(backlog)
+            .ok()
+            .filter(|&b| b > 0 && b < most)
+            .unwrap_or(most);
         let ch = i.channel()?;
         for (ctx, _) in devices {
             let c = context(ctx)?;
             c.nic
-                .cm_listen(service, &ch, i.serial)
+                .cm_listen(service, backlog, &ch, i.serial)
                 .map_err(|e| errno_of(&e))?;
-            i.state().listening.push((ctx as usize, service));
+            i.state().listening.push((ctx as usize, service, backlog));
         }
         Ok(())
     })
@@ -665,7 +667,7 @@ fn release(i: &Id) {
         let mut st = i.state();
         (std::mem::take(&mut st.listening), st.conn.take(), st.ctx)
     };
-    for (ctx, service) in listening {
+    for (ctx, service, _) in listening {
         if let Ok(c) = context(ctx as *mut sys::ibv_context) {
             let _ = c.nic.cm_unlisten(service);
         }
@@ -1572,11 +1574,11 @@ pub unsafe extern "C" fn rdma_migrate_id(
                 .cm_reroute(conn, &ch, i.serial)
                 .map_err(|e| errno_of(&e))?;
         }
-        for (ctx, service) in listening {
+        for (ctx, service, backlog) in listening {
             let cx = context(ctx as *mut sys::ibv_context)?;
             let _ = cx.nic.cm_unlisten(service);
             cx.nic
-                .cm_listen(service, &ch, i.serial)
+                .cm_listen(service, backlog, &ch, i.serial)
                 .map_err(|e| errno_of(&e))?;
         }
         // SAFETY: our C part.
