@@ -176,7 +176,12 @@ fn session(seed: u64, link: LinkConfig, accept: &[bool]) -> Result<(), TestCaseE
                     "connection {} got another REP",
                     k
                 );
-                prop_assert_eq!(p, Some(&Passive::Established), "connection {} is half-open", k);
+                prop_assert_eq!(
+                    p,
+                    Some(&Passive::Established),
+                    "connection {} is half-open",
+                    k
+                );
             }
             Active::Rejected(reason) => {
                 prop_assert_eq!(*reason, 28);

@@ -169,3 +169,42 @@ fn a_burst_of_requests_reaches_the_listener_whole() {
     assert_eq!(seen, (40000..40008).collect::<Vec<_>>());
     let _ = (Notice::Own(0), CmEvent::Established { id: cm::CmId(0) });
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Connections made and ended one after another leave nothing behind: no
+/// descriptor (each connection's QPs send from a UDP port of their own,
+/// the kernel's from the rdma_cm ports, and its socket goes with them),
+/// no connection held past timewait beyond the few still resting.
+#[test]
+fn connections_come_and_go_without_a_trace() {
+    let (a, b) = (
+        Device::open_loopback().unwrap(),
+        Device::open_loopback().unwrap(),
+    );
+    let listener = b.listen(0).unwrap();
+    let to = SocketAddr::new(b.addr(), listener.port());
+    let round = |k: u32| {
+        let (_pd_b, _cq_b, qp_b) = qp(&b);
+        let (_pd_a, _cq_a, qp_a) = qp(&a);
+        std::thread::scope(|s| {
+            let client = s.spawn(|| a.connect(&qp_a, to, &k.to_be_bytes(), WAIT).unwrap());
+            let conn_b = listener
+                .next(WAIT)
+                .unwrap()
+                .accept(&qp_b, &[], WAIT)
+                .unwrap();
+            let conn_a = client.join().unwrap();
+            conn_a.disconnect(WAIT).unwrap();
+            conn_b.wait_disconnect(WAIT).unwrap();
+        });
+    };
+    round(0);
+    let before = open_fds();
+    for k in 1..=50 {
+        round(k);
+    }
+    assert_eq!(open_fds(), before, "descriptors left behind");
+}

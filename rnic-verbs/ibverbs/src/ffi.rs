@@ -186,7 +186,17 @@ pub(crate) fn errno_of(e: &rnic_verbs::Error) -> i32 {
     use rnic_core::mem::MemError;
     use rnic_verbs::{Error, VerbError};
     match e {
-        Error::Io(io) => io.raw_os_error().unwrap_or(libc::EIO),
+        Error::Io(io) => io.raw_os_error().unwrap_or(match io.kind() {
+            // rnic's own errors (a claim refused, a CM call in the wrong
+            // state) carry a kind, not a number.
+            std::io::ErrorKind::AddrInUse => libc::EADDRINUSE,
+            std::io::ErrorKind::AddrNotAvailable => libc::EADDRNOTAVAIL,
+            std::io::ErrorKind::ConnectionRefused => libc::ECONNREFUSED,
+            std::io::ErrorKind::InvalidInput => libc::EINVAL,
+            std::io::ErrorKind::OutOfMemory => libc::ENOMEM,
+            std::io::ErrorKind::TimedOut => libc::ETIMEDOUT,
+            _ => libc::EIO,
+        }),
         Error::Verb(v) => match v {
             VerbError::QueueFull => libc::ENOMEM,
             VerbError::Unsupported(_) => libc::EOPNOTSUPP,

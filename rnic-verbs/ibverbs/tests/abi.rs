@@ -155,15 +155,20 @@ fn the_symbol_list_matches_the_installed_libibverbs() {
 /// Build `tests/c/NAME.c` against the installed verbs.h; its path, or None
 /// (skipped) where gcc or the header is missing.
 fn build_c(name: &str) -> Option<PathBuf> {
+    build_c_with(name, &["-libverbs"], "/usr/include/infiniband/verbs.h")
+}
+
+/// [`build_c`] linked with `libs`, skipped where `header` is missing.
+fn build_c_with(name: &str, libs: &[&str], header: &str) -> Option<PathBuf> {
     if !require("gcc") {
         return None;
     }
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+    if !Path::new(header).exists() {
         assert!(
             std::env::var_os("RNIC_REQUIRE_TOOLS").is_none(),
-            "libibverbs-dev is required (RNIC_REQUIRE_TOOLS is set)"
+            "{header} is required (RNIC_REQUIRE_TOOLS is set)"
         );
-        eprintln!("SKIPPED: no <infiniband/verbs.h> (libibverbs-dev)");
+        eprintln!("SKIPPED: no {header} (libibverbs-dev, librdmacm-dev)");
         return None;
     }
     let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
@@ -171,7 +176,7 @@ fn build_c(name: &str) -> Option<PathBuf> {
         .args(["-Wall", "-Werror", "-O1", "-o"])
         .arg(&exe)
         .arg(format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR")))
-        .arg("-libverbs")
+        .args(libs)
         .status()
         .unwrap();
     assert!(st.success(), "gcc failed on {name}.c");
@@ -232,6 +237,32 @@ fn completions_read_as_rdma_rxe_and_mlx5_report_them() {
         assert!(out.status.success(), "{addr}: {stdout}\n{stderr}");
         assert!(stdout.contains("all completions as expected"), "{stdout}");
     }
+}
+
+/// rdma_cm as a C program sees it through the drop-in librdmacm.so.1
+/// (tests/c/cm.c says what): private data both ways, a reject with data
+/// (status 28), a port nobody listens on (status 8), an address nobody
+/// holds (ADDR_ERROR), the channel's descriptor, both sides disconnected,
+/// and 100 connections that leave no descriptor behind.
+#[test]
+fn rdma_cm_reaches_a_c_program_as_librdmacm_defines_it() {
+    let Some(exe) = build_c_with(
+        "cm",
+        &["-lrdmacm", "-libverbs"],
+        "/usr/include/rdma/rdma_cma.h",
+    ) else {
+        return;
+    };
+    let lib = library();
+    let out = c_program(&exe, &lib)
+        .env_remove("RNIC_IFACE")
+        .env("RNIC_DEVICES", "rnic0=127.0.0.207")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("rdma_cm as expected"), "{stdout}");
 }
 
 /// A ping-pong whose answering process returns from main right after

@@ -86,6 +86,11 @@ pub(crate) struct EngineState {
     pub(super) polled_dry: bool,
     /// Where the communication manager's events go.
     pub cm_routes: crate::cm::Routes,
+    /// The queue pairs sending from each source-port socket
+    /// [`EngineState::source_port`] opened: it is closed with the last.
+    port_users: HashMap<(IpAddr, u16), u32>,
+    /// The source-port socket each queue pair sends from.
+    qp_ports: HashMap<u32, (IpAddr, u16)>,
 }
 
 impl EngineState {
@@ -123,6 +128,8 @@ impl EngineState {
             hold: Hold::default(),
             polled_dry: false,
             cm_routes: crate::cm::Routes::default(),
+            port_users: HashMap::default(),
+            qp_ports: HashMap::default(),
         }
     }
 
@@ -148,6 +155,7 @@ impl EngineState {
         self.qp_spans.remove(&qpn);
         let cqs = self.nic.qp_cqs(qpn);
         self.nic.destroy_qp(qpn)?;
+        self.release_source_port(qpn);
         self.remove_delivered(qpn, cqs);
         let mut released = std::mem::take(&mut self.released_cqs);
         released.retain(|&h| matches!(self.destroy_cq(h), Err(rnic_core::VerbError::CqBusy(_))));
@@ -176,6 +184,7 @@ impl EngineState {
             }
             if let Ok(s) = open_socket(addr, port, scope) {
                 self.send_sockets.insert((addr, port), s);
+                self.port_users.insert((addr, port), 0);
                 return Some(port);
             }
         }
@@ -198,9 +207,36 @@ impl EngineState {
         } else {
             rnic_wire::encap::udp::rxe_src_port(qpn, attr.dest_qp_num)
         };
-        match av.src.and_then(|src| self.source_port(src, preferred)) {
-            Some(p) => self.nic.set_qp_source_port(qpn, p).map(|()| p),
-            None => Ok(ROCE_PORT),
+        self.release_source_port(qpn);
+        let Some((src, p)) = av
+            .src
+            .and_then(|src| Some((src, self.source_port(src, preferred)?)))
+        else {
+            return Ok(ROCE_PORT);
+        };
+        self.nic.set_qp_source_port(qpn, p)?;
+        // Counted only on the sockets opened for queue pairs (port 4791
+        // and QP1's stay whatever happens to queue pairs).
+        if let Some(n) = self.port_users.get_mut(&(src, p)) {
+            *n += 1;
+            self.qp_ports.insert(qpn, (src, p));
+        }
+        Ok(p)
+    }
+
+    /// QP `qpn` no longer sends from its source-port socket: closed if it
+    /// was the last to (a program that makes and ends connections keeps
+    /// no socket per connection it ever had).
+    fn release_source_port(&mut self, qpn: u32) {
+        let Some(at) = self.qp_ports.remove(&qpn) else {
+            return;
+        };
+        if let Some(n) = self.port_users.get_mut(&at) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.port_users.remove(&at);
+                self.send_sockets.remove(&at);
+            }
         }
     }
 
