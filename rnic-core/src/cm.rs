@@ -26,7 +26,9 @@ use core::net::IpAddr;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
-use rnic_wire::cm::{self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, Rep, Req};
+use rnic_wire::cm::{
+    self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, Rep, Req, SidrRep, SidrReq,
+};
 
 use crate::rng::{self, SecretRng};
 use crate::time::Time;
@@ -146,6 +148,34 @@ pub enum CmEvent {
         /// The connection.
         id: CmId,
     },
+    /// Passive side: a SIDR_REQ for a service listened on (a UD QP's
+    /// number and Q_Key asked for). Answer with [`CmAgent::sidr_reply`].
+    SidrRequest {
+        /// The request.
+        id: CmId,
+        /// Where it came from.
+        from: IpAddr,
+        /// The SIDR_REQ.
+        req: Box<SidrReq>,
+    },
+    /// Active side: the SIDR_REP (its status says whether the QP it names
+    /// is valid).
+    SidrReply {
+        /// The request.
+        id: CmId,
+        /// The SIDR_REP.
+        rep: Box<SidrRep>,
+    },
+}
+
+/// What a SIDR_REP's status says (IBTA Table 113).
+pub mod sidr_status {
+    /// The QP and Q_Key are valid.
+    pub const VALID: u8 = 0;
+    /// Nobody serves the service ID.
+    pub const UNSUPPORTED: u8 = 1;
+    /// The service refused.
+    pub const REJECTED: u8 = 2;
 }
 
 /// Why a call was refused.
@@ -165,6 +195,10 @@ pub enum CmError {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// SIDR, active: the SIDR_REQ sent, its SIDR_REP awaited.
+    SidrSent,
+    /// SIDR, passive: the application is to answer the SIDR_REQ.
+    SidrRcvd,
     ReqSent,
     ReqRcvd,
     RepSent,
@@ -362,6 +396,79 @@ impl CmAgent {
         Ok(CmId(id))
     }
 
+    /// Active side of SIDR (Service ID Resolution, for UD): ask `to` for
+    /// the UD QP serving `service_id`, with `private_data` (at most 216
+    /// bytes; rdma_cm's header first); the answer comes as
+    /// [`CmEvent::SidrReply`], or [`CmEvent::Unreachable`] once every
+    /// retry went unanswered.
+    pub fn sidr_request(
+        &mut self,
+        now: Time,
+        to: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Result<CmId, CmError> {
+        let private_data = copy_private(private_data)?;
+        let id = self.new_id()?;
+        let req = SidrReq {
+            request_id: id,
+            partition_key: 0xFFFF,
+            service_id,
+            private_data,
+        };
+        let tid = cm::kernel_tid(self.hi_tid, id);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::SidrSent,
+                peer: to,
+                remote_comm_id: 0,
+                tid,
+                last: None,
+                deadline: None,
+                retries_left: 0,
+                response_timeout: self.response_timeout,
+                remote_qpn: 0,
+                active: true,
+                service_id,
+            },
+        );
+        self.send_kept(now, id, Mad::new(tid, Message::SidrReq(req)));
+        Ok(CmId(id))
+    }
+
+    /// Passive side of SIDR: answer request `id` with `status`
+    /// ([`sidr_status`]), the UD QP `qpn` and its `qkey`, and
+    /// `private_data` (at most 136 bytes). The request is done with.
+    pub fn sidr_reply(
+        &mut self,
+        id: CmId,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let private_data = copy_private(private_data)?;
+        let c = self.conns.get(&id.0).ok_or(CmError::NoSuchId(id))?;
+        if c.state != State::SidrRcvd {
+            return Err(CmError::BadState(id));
+        }
+        let rep = SidrRep {
+            request_id: c.remote_comm_id,
+            status,
+            additional_info_length: 0,
+            qpn: qpn & 0xFF_FFFF,
+            service_id: c.service_id,
+            qkey,
+            additional_info: [0; 72],
+            private_data,
+        };
+        let (peer, tid) = (c.peer, c.tid);
+        self.conns.remove(&id.0);
+        self.send(peer, Mad::new(tid, Message::SidrRep(rep)));
+        Ok(())
+    }
+
     /// Passive side: accept the REQ of `id` with a REP.
     pub fn accept(&mut self, now: Time, id: CmId, p: &AcceptParams) -> Result<(), CmError> {
         let private_data = copy_private(&p.private_data)?;
@@ -520,6 +627,21 @@ impl CmAgent {
                 }
             }
             Message::Dreq(dreq) => self.on_dreq(now, from, tid, dreq),
+            Message::SidrReq(req) => self.on_sidr_req(from, tid, req),
+            Message::SidrRep(rep) => {
+                let id = rep.request_id;
+                let ours = self
+                    .conns
+                    .get(&id)
+                    .is_some_and(|c| c.peer == from && c.state == State::SidrSent);
+                if ours {
+                    self.conns.remove(&id);
+                    self.events.push_back(CmEvent::SidrReply {
+                        id: CmId(id),
+                        rep: Box::new(*rep),
+                    });
+                }
+            }
             Message::Drep(drep) => {
                 if let Some(c) = self.conns.get_mut(&drep.remote_comm_id) {
                     if c.state == State::DreqSent && c.peer == from {
@@ -529,8 +651,71 @@ impl CmAgent {
                     }
                 }
             }
-            Message::SidrReq(_) | Message::SidrRep(_) => {}
         }
+    }
+
+    /// A SIDR_REQ: refused with status UNSUPPORTED if nobody listens (the
+    /// kernel's answer), dropped if it repeats one the application has not
+    /// answered yet or the listener's backlog is full, else a request.
+    fn on_sidr_req(&mut self, from: IpAddr, tid: u64, req: &SidrReq) {
+        let Some(&backlog) = self.listening.get(&req.service_id) else {
+            let rep = SidrRep {
+                request_id: req.request_id,
+                status: sidr_status::UNSUPPORTED,
+                additional_info_length: 0,
+                qpn: 0,
+                service_id: req.service_id,
+                qkey: 0,
+                additional_info: [0; 72],
+                private_data: [0; cm::private_len::SIDR_REP],
+            };
+            self.send(from, Mad::new(tid, Message::SidrRep(rep)));
+            return;
+        };
+        let repeated = self.conns.values().any(|c| {
+            c.state == State::SidrRcvd && c.peer == from && c.remote_comm_id == req.request_id
+        });
+        if repeated {
+            return;
+        }
+        if self.waiting(req.service_id) >= backlog {
+            self.requests_dropped += 1;
+            return;
+        }
+        let Ok(id) = self.new_id() else {
+            return;
+        };
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::SidrRcvd,
+                peer: from,
+                remote_comm_id: req.request_id,
+                tid,
+                last: None,
+                deadline: None,
+                retries_left: 0,
+                response_timeout: self.response_timeout,
+                remote_qpn: 0,
+                active: false,
+                service_id: req.service_id,
+            },
+        );
+        self.events.push_back(CmEvent::SidrRequest {
+            id: CmId(id),
+            from,
+            req: Box::new(*req),
+        });
+    }
+
+    /// Requests for `service_id` the application has not answered.
+    fn waiting(&self, service_id: u64) -> usize {
+        self.conns
+            .values()
+            .filter(|c| {
+                matches!(c.state, State::ReqRcvd | State::SidrRcvd) && c.service_id == service_id
+            })
+            .count()
     }
 
     fn on_req(&mut self, from: IpAddr, tid: u64, req: &Req) {
@@ -558,12 +743,7 @@ impl CmAgent {
             self.send(from, Mad::new(tid, Message::Rej(rej)));
             return;
         };
-        let waiting = self
-            .conns
-            .values()
-            .filter(|c| c.state == State::ReqRcvd && c.service_id == req.service_id)
-            .count();
-        if waiting >= backlog {
+        if self.waiting(req.service_id) >= backlog {
             self.requests_dropped += 1;
             return;
         }

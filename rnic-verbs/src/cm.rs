@@ -137,12 +137,14 @@ impl Routes {
     pub fn deliver(&mut self, e: CmEvent) {
         let route = match &e {
             CmEvent::Request { req, .. } => self.listeners.get(&req.service_id),
+            CmEvent::SidrRequest { req, .. } => self.listeners.get(&req.service_id),
             CmEvent::Reply { id, .. }
             | CmEvent::Established { id }
             | CmEvent::Rejected { id, .. }
             | CmEvent::Unreachable { id }
             | CmEvent::DisconnectRequest { id }
-            | CmEvent::Disconnected { id } => self.conns.get(id),
+            | CmEvent::Disconnected { id }
+            | CmEvent::SidrReply { id, .. } => self.conns.get(id),
         };
         match route {
             Some(r) => {
@@ -234,6 +236,43 @@ impl Device {
             st.cm_routes.conns.insert(id, route);
             Ok(())
         })?
+    }
+
+    /// Ask `to` by SIDR for the UD QP serving `service_id`; the answer
+    /// ([`CmEvent::SidrReply`], or [`CmEvent::Unreachable`]) arrives on
+    /// `channel` with `token`.
+    pub fn cm_sidr_request(
+        &self,
+        to: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+        channel: &CmChannel,
+        token: u64,
+    ) -> Result<CmId> {
+        let route = channel.route(token);
+        self.engine.call(move |st| -> Result<CmId> {
+            let now = st.now();
+            let id = st.nic.cm_call(now, |cm, now| {
+                cm.sidr_request(now, to, service_id, private_data)
+            })?;
+            st.cm_routes.conns.insert(id, route);
+            Ok(id)
+        })?
+    }
+
+    /// Answer SIDR request `id` ([`rnic_core::cm::sidr_status`]): the UD
+    /// QP `qpn` with `qkey`, or a refusal.
+    pub fn cm_sidr_reply(
+        &self,
+        id: CmId,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<()> {
+        self.cm_do(id, |cm, _| {
+            cm.sidr_reply(id, status, qpn, qkey, private_data)
+        })
     }
 
     /// Refuse the request of connection `id` (a REJ with `reason` and

@@ -509,3 +509,61 @@ fn an_rtu_before_the_accept_establishes_nothing() {
         [CmEvent::Established { id: b_id }]
     );
 }
+
+/// SIDR: the SIDR_REQ reaches the listener with its private data, its
+/// answer names the UD QP and Q_Key, and the TID is the request's; nobody
+/// listening is status 1 (the kernel's answer); a lost SIDR_REP is asked
+/// for again, and unanswered the request ends unreachable.
+#[test]
+fn sidr_resolves_a_ud_qp_or_says_why_not() {
+    let mut p = Pair::new();
+    let id = p.a.sidr_request(p.now, B, SERVICE, &[5; 40]).unwrap();
+    p.run(|_| false);
+    let [CmEvent::SidrRequest {
+        id: b_id,
+        from,
+        req,
+    }] = &p.b.take_events().collect::<Vec<_>>()[..]
+    else {
+        panic!("no SIDR request");
+    };
+    assert_eq!((*from, req.service_id, req.request_id), (A, SERVICE, id.0));
+    assert_eq!(&req.private_data[..40], &[5; 40]);
+    p.b.sidr_reply(*b_id, sidr_status::VALID, 0x16, 0x0123_4567, b"ud")
+        .unwrap();
+    p.run(|_| false);
+    let [CmEvent::SidrReply { id: got, rep }] = &p.a.take_events().collect::<Vec<_>>()[..] else {
+        panic!("no SIDR reply");
+    };
+    assert_eq!(*got, id);
+    assert_eq!((rep.status, rep.qpn, rep.qkey), (0, 0x16, 0x0123_4567));
+    assert_eq!(&rep.private_data[..2], b"ud");
+    assert_eq!(p.names(), ["SIDR_REQ", "SIDR_REP"]);
+    assert_eq!(p.tids[0], p.tids[1]);
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+
+    // Nobody listens: status 1, from the CM itself.
+    let mut p = Pair::new();
+    p.b.unlisten(SERVICE);
+    let id = p.a.sidr_request(p.now, B, SERVICE, &[]).unwrap();
+    p.run(|_| false);
+    assert!(matches!(
+        &p.a.take_events().collect::<Vec<_>>()[..],
+        [CmEvent::SidrReply { id: got, rep }] if *got == id && rep.status == sidr_status::UNSUPPORTED
+    ));
+
+    // Every SIDR_REQ lost: sent again on the timer, then unreachable.
+    let mut p = Pair::new();
+    p.a.max_retries = 2;
+    let id = p.a.sidr_request(p.now, B, SERVICE, &[]).unwrap();
+    p.run(|name| name == "SIDR_REQ");
+    for _ in 0..3 {
+        p.tick();
+        p.run(|name| name == "SIDR_REQ");
+    }
+    assert_eq!(p.names(), ["SIDR_REQ"; 3]);
+    assert_eq!(
+        p.a.take_events().collect::<Vec<_>>(),
+        [CmEvent::Unreachable { id }]
+    );
+}

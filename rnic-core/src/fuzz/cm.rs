@@ -98,6 +98,7 @@ pub fn run(data: &[u8]) {
     let mut wire: Vec<Datagram> = Vec::new();
     // B's requests its application has not answered, and those it accepted.
     let mut pending: Vec<CmId> = Vec::new();
+    let mut pending_sidr: Vec<CmId> = Vec::new();
     let mut accepted: HashSet<CmId> = HashSet::new();
     // A's connections that got a REP, not yet ready.
     let mut replied: Vec<CmId> = Vec::new();
@@ -110,7 +111,7 @@ pub fn run(data: &[u8]) {
         if input.done() {
             break;
         }
-        match input.byte() % 12 {
+        match input.byte() % 13 {
             // A connects.
             0 | 1 => {
                 qpn += 1;
@@ -175,6 +176,13 @@ pub fn run(data: &[u8]) {
                 }
             }
             // B's application accepts or rejects a pending request.
+            8 if !pending_sidr.is_empty() && input.byte() % 2 == 0 => {
+                let id = pending_sidr.remove(0);
+                let status = input.byte() % 3;
+                let _ = b.cm_call(now, |cm, _| {
+                    cm.sidr_reply(id, status, 0x16, 0x0123_4567, b"ud")
+                });
+            }
             8 if !pending.is_empty() => {
                 let k = usize::from(input.byte()) % pending.len();
                 let id = pending.remove(k);
@@ -210,7 +218,13 @@ pub fn run(data: &[u8]) {
                     let _ = b.cm_call(now, |cm, now| cm.disconnect(now, id));
                 }
             }
-            // A's application goes away without answering: nothing.
+            // A asks by SIDR for B's UD QP.
+            11 => {
+                let n = usize::from(input.byte() % 8);
+                let data = input.bytes(n);
+                let _ = a.cm_call(now, |cm, now| cm.sidr_request(now, B, SERVICE, &data));
+            }
+            // Nothing happens.
             _ => {}
         }
         // What the NICs sent goes on the wire; what they report is taken.
@@ -240,7 +254,10 @@ pub fn run(data: &[u8]) {
                 CmEvent::DisconnectRequest { id } | CmEvent::Disconnected { id } => {
                     established_b.remove(&id);
                 }
-                CmEvent::Reply { .. } => panic!("B, which never connects, got a REP"),
+                CmEvent::SidrRequest { id, .. } => pending_sidr.push(id),
+                CmEvent::Reply { .. } | CmEvent::SidrReply { .. } => {
+                    panic!("B, which never connects, got an answer")
+                }
             }
         }
         while let Some(e) = a.poll_cm_event() {
@@ -250,14 +267,16 @@ pub fn run(data: &[u8]) {
                 CmEvent::DisconnectRequest { id } | CmEvent::Disconnected { id } => {
                     established_a.retain(|&x| x != id);
                 }
-                CmEvent::Request { .. } => panic!("A, which never listens, got a REQ"),
+                CmEvent::Request { .. } | CmEvent::SidrRequest { .. } => {
+                    panic!("A, which never listens, got a request")
+                }
                 _ => {}
             }
         }
         assert!(
-            pending.len() <= BACKLOG,
+            pending.len() + pending_sidr.len() <= BACKLOG,
             "B holds {} unanswered requests, more than its backlog",
-            pending.len()
+            pending.len() + pending_sidr.len()
         );
         assert!(b.cm().requests_dropped <= 400);
     }

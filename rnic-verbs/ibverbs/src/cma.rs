@@ -34,6 +34,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use rnic_core::cm::sidr_status;
 use rnic_verbs::cm::{
     AcceptParams, CmChannel, CmEvent, CmId, CmNotice, ConnectParams, Notice, PortClaim, PortSpace,
     QpSetup,
@@ -1015,6 +1016,9 @@ pub unsafe extern "C" fn rdma_connect(
                 st.ack_timeout,
             )
         };
+        if ps == PortSpace::Udp || ps == PortSpace::Ipoib {
+            return sidr_connect(i, ctx, local, remote, ps, private);
+        }
         let mtu = ctx.nic.query_port().active_mtu;
         let mut req = rnic_verbs::cm::request(
             if ps == PortSpace::Ib {
@@ -1053,6 +1057,44 @@ pub unsafe extern "C" fn rdma_connect(
     })
 }
 
+/// A UD id's `rdma_connect`: a SIDR_REQ for the peer's UD QP, the rdma_cm
+/// header in front of the program's private data.
+fn sidr_connect(
+    i: &Id,
+    ctx: &Context,
+    local: SocketAddr,
+    remote: SocketAddr,
+    ps: PortSpace,
+    private: &[u8],
+) -> Result<(), i32> {
+    let room = rnic_wire::cm::private_len::SIDR_REQ - CMA_HEADER_LEN;
+    if private.len() > room {
+        return Err(libc::EINVAL);
+    }
+    let mut data = vec![0u8; CMA_HEADER_LEN + private.len()];
+    CmaHeader {
+        version: 0,
+        src_port: local.port(),
+        src: local.ip(),
+        dst: remote.ip(),
+    }
+    .emit(&mut data);
+    data[CMA_HEADER_LEN..].copy_from_slice(private);
+    let service = rnic_wire::cm::service_id(ps, remote.port());
+    let ch = i.channel()?;
+    let conn = ctx
+        .nic
+        .cm_sidr_request(remote.ip(), service, &data, &ch, i.serial)
+        .map_err(|e| errno_of(&e))?;
+    i.state().conn = Some(conn);
+    complete(i)
+}
+
+fn is_ud(i: &Id) -> bool {
+    // SAFETY: our C part.
+    unsafe { (*i.c()).qp_type == sys::IBV_QPT_UD }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_accept(
     id: *mut cs::rdma_cm_id,
@@ -1071,6 +1113,35 @@ pub unsafe extern "C" fn rdma_accept(
             unsafe { (*c.qp).qp_num }
         };
         let ctx = i.ctx()?;
+        if is_ud(i) {
+            let conn = i.state().conn.ok_or(libc::EINVAL)?;
+            let private: &[u8] = match p {
+                Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+                    // SAFETY: the program's private data, of the length it says.
+                    unsafe {
+                        std::slice::from_raw_parts(
+                            p.private_data.cast(),
+                            usize::from(p.private_data_len),
+                        )
+                    }
+                }
+                _ => &[],
+            };
+            // The SIDR_REP names the QP and the rdma_cm Q_Key; nothing
+            // more comes for a UD id (no ESTABLISHED on this side).
+            ctx.nic
+                .cm_sidr_reply(conn, sidr_status::VALID, qpn, cs::RDMA_UDP_QKEY, private)
+                .map_err(|e| errno_of(&e))?;
+            let c = i.c();
+            // SAFETY: our C part; a synchronous id's request event is done with.
+            unsafe {
+                if i.sync() && !(*c).event.is_null() {
+                    rdma_ack_cm_event((*c).event);
+                    (*c).event = std::ptr::null_mut();
+                }
+            }
+            return Ok(());
+        }
         let (conn, incoming, rr, id_depth, psn, local) = {
             let st = i.state();
             (
@@ -1142,9 +1213,13 @@ pub unsafe extern "C" fn rdma_reject(
             }
         };
         let conn = i.state().conn.ok_or(libc::EINVAL)?;
-        i.ctx()?
-            .nic
-            .cm_reject(conn, reason::CONSUMER_DEFINED, data)
+        let nic = &i.ctx()?.nic;
+        if is_ud(i) {
+            return nic
+                .cm_sidr_reply(conn, sidr_status::REJECTED, 0, 0, data)
+                .map_err(|e| errno_of(&e));
+        }
+        nic.cm_reject(conn, reason::CONSUMER_DEFINED, data)
             .map_err(|e| errno_of(&e))
     })
 }
@@ -1334,6 +1409,32 @@ fn translate(n: CmNotice) -> Option<Box<Event>> {
         Notice::Cm(CmEvent::DisconnectRequest { .. } | CmEvent::Disconnected { .. }) => {
             e.c.event = cs::RDMA_CM_EVENT_DISCONNECTED;
         }
+        Notice::Cm(CmEvent::SidrRequest { id, from, req }) => {
+            let header = CmaHeader::parse(&req.private_data);
+            let child = new_child(i, id, from, header, None)?;
+            e.c.listen_id = i.c();
+            e.c.id = child.c();
+            e.owner = child as *const Id as usize;
+            e.c.event = cs::RDMA_CM_EVENT_CONNECT_REQUEST;
+            let data = req.private_data.get(CMA_HEADER_LEN..).unwrap_or(&[]);
+            let peer = child.state().remote.map(|r| r.ip());
+            ud_param(&mut e, child, data, peer, 0, 0);
+        }
+        Notice::Cm(CmEvent::SidrReply { rep, .. }) => {
+            let ok = rep.status == sidr_status::VALID && rep.qkey == cs::RDMA_UDP_QKEY;
+            if ok {
+                e.c.event = cs::RDMA_CM_EVENT_ESTABLISHED;
+            } else {
+                e.c.event = cs::RDMA_CM_EVENT_UNREACHABLE;
+                e.c.status = if rep.status != sidr_status::VALID {
+                    i32::from(rep.status)
+                } else {
+                    -libc::EINVAL
+                };
+            }
+            let peer = i.state().remote.map(|r| r.ip());
+            ud_param(&mut e, i, &rep.private_data, peer, rep.qpn, rep.qkey);
+        }
     }
     Some(e)
 }
@@ -1373,6 +1474,31 @@ fn setup_of(i: &Id) -> Result<Option<QpSetup>, i32> {
     Ok(Some(passive_setup(ctx, incoming, local.ip(), &params)))
 }
 
+/// Fill an event's UD parameters: private data, the address handle
+/// attributes to reach `peer` from the id's address, its QP and Q_Key.
+fn ud_param(e: &mut Event, i: &Id, data: &[u8], peer: Option<IpAddr>, qpn: u32, qkey: u32) {
+    let n = data.len().min(e.private.len());
+    e.private[..n].copy_from_slice(&data[..n]);
+    let local = i.state().local.map(|l| l.ip());
+    let ctx = i.ctx().ok();
+    // SAFETY: the union's ud member, plain data.
+    let p = unsafe { &mut *e.c.param.ud.as_mut() };
+    p.private_data = e.private.as_ptr().cast();
+    p.private_data_len = n as u8;
+    if let Some(dest) = peer {
+        let av = rnic_verbs::AddressVector {
+            dest,
+            src: local,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        p.ah_attr = crate::qp::c_ah_attr(ctx, &av);
+    }
+    p.qp_num = qpn;
+    p.qkey = qkey;
+}
+
 /// Active side: the REP came. With a QP, take it to RTS and send the RTU
 /// (librdmacm's `ucma_process_conn_resp`); without, leave both to the
 /// program (`rdma_init_qp_attr`, `rdma_establish`).
@@ -1403,32 +1529,29 @@ fn reply(i: &Id, rep: &Rep) -> Result<(), i32> {
     Ok(())
 }
 
-/// Passive side: a REQ for listener `l`: a new id for it, on the device
-/// it came to, its addresses from the rdma_cm header.
-fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'static Id> {
-    let header = CmaHeader::parse(&req.private_data);
-    let local_ip = header.map(|h| h.dst).or_else(|| {
-        let g = req.primary.remote_gid;
-        Some(g.to_ipv4_mapped().map_or(IpAddr::V6(g), IpAddr::V4))
-    })?;
+/// Passive side: a new id for a request (REQ or SIDR_REQ) that listener
+/// `l` took, on the device it came to, its addresses from the rdma_cm
+/// header (`local`, where given, from the REQ's path). A request that is
+/// not rdma_cm's is refused.
+fn new_child(
+    l: &Id,
+    conn: CmId,
+    from: IpAddr,
+    header: Option<CmaHeader>,
+    local: Option<IpAddr>,
+) -> Option<&'static Id> {
+    let local_ip = header.map(|h| h.dst).or(local)?;
     let (ctx, pd) = device_of(local_ip).ok()?;
-    let refuse = || {
+    let Some(h) = header else {
+        // Not an rdma_cm request: nobody here can take it.
         if let Ok(c) = context(ctx) {
             let _ = c.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);
         }
-    };
-    let Some(h) = header else {
-        // Not an rdma_cm request: nobody here can take it.
-        refuse();
         return None;
     };
-    let (port, sync, qp_init) = {
+    let (port, sync) = {
         let st = l.state();
-        (
-            st.local.map_or(0, |a| a.port()),
-            st.own_channel.is_some(),
-            st.qp_init_attr.clone(),
-        )
+        (st.local.map_or(0, |a| a.port()), st.own_channel.is_some())
     };
     // SAFETY: the listener's C part.
     let lc = unsafe { &*l.c() };
@@ -1437,10 +1560,7 @@ fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'stati
     } else {
         lc.channel
     };
-    let Ok(p) = create_id(channel, lc.context, lc.ps, lc.qp_type) else {
-        refuse();
-        return None;
-    };
+    let p = create_id(channel, lc.context, lc.ps, lc.qp_type).ok()?;
     let child = id_of(p).ok()?;
     set_device(child, ctx, pd);
     set_route_addrs(
@@ -1452,6 +1572,20 @@ fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'stati
         let mut st = child.state();
         st.conn = Some(conn);
         st.ctx = ctx as usize;
+    }
+    Some(child)
+}
+
+/// Passive side: a REQ for listener `l`: a new id for it (see
+/// [`new_child`]), with a QP if the listener was made with QP attributes.
+fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'static Id> {
+    let g = req.primary.remote_gid;
+    let path_local = g.to_ipv4_mapped().map_or(IpAddr::V6(g), IpAddr::V4);
+    let header = CmaHeader::parse(&req.private_data);
+    let child = new_child(l, conn, from, header, Some(path_local))?;
+    let qp_init = l.state().qp_init_attr.clone();
+    {
+        let mut st = child.state();
         st.incoming = Some((Box::new(*req), from));
         // As the kernel sees it from this side.
         st.responder_resources = req.initiator_depth;
@@ -1468,9 +1602,12 @@ fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'stati
         ex.cap = a.cap;
         ex.qp_type = a.qp_type;
         ex.sq_sig_all = a.sq_sig_all;
-        ex.pd = lc.pd;
+        // SAFETY: the listener's C part.
+        ex.pd = unsafe { (*l.c()).pd };
         if create_qp(child, &mut ex).is_err() {
-            refuse();
+            if let Ok(c) = child.ctx() {
+                let _ = c.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);
+            }
             return None;
         }
     }
