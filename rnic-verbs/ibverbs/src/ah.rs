@@ -119,22 +119,38 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     // -1 with errno on failure, as rdma-core returns it.
     ffi::minus_one_call(|| {
         // SAFETY: the program's pointers.
-        let (_, grh, attr) =
+        let (c, grh, attr) =
             unsafe { (Context::from_c(ctx)?, ffi::input(grh)?, ffi::out(ah_attr)?) };
         // SAFETY: ibv_grh is 40 bytes of plain data.
         let raw: &[u8; 40] = unsafe { &*(grh as *const sys::ibv_grh).cast() };
         // RoCE v2 over IPv4 puts the IPv4 header in the GRH's last 20 bytes.
-        let sgid: [u8; 16] = if raw[20] >> 4 == 4 {
-            let v4: [u8; 4] = raw[32..36].try_into().unwrap_or_default();
-            std::net::Ipv4Addr::from(v4).to_ipv6_mapped().octets()
+        let (sender, receiver): (IpAddr, IpAddr) = if raw[20] >> 4 == 4 {
+            let v4 = |at: usize| -> IpAddr {
+                let b: [u8; 4] = raw[at..at + 4].try_into().unwrap_or_default();
+                std::net::Ipv4Addr::from(b).into()
+            };
+            (v4(32), v4(36))
         } else {
-            raw[8..24].try_into().unwrap_or_default()
+            let v6 = |at: usize| -> IpAddr {
+                let b: [u8; 16] = raw[at..at + 16].try_into().unwrap_or_default();
+                std::net::Ipv6Addr::from(b).into()
+            };
+            (v6(8), v6(24))
         };
         // SAFETY: plain data.
         *attr = unsafe { std::mem::zeroed() };
         attr.is_global = 1;
         attr.port_num = port_num;
-        attr.grh.dgid.raw = sgid;
+        attr.grh.dgid.raw = rnic_verbs::gid_of(sender).octets();
+        // The reply leaves from the address the request came to (rdma-core
+        // looks the GRH's destination GID up in the port's table).
+        let gids = c.nic.gids();
+        let index = gids
+            .iter()
+            .position(|&g| g == receiver)
+            .or_else(|| gids.iter().position(|g| g.is_ipv4() == sender.is_ipv4()))
+            .ok_or(libc::EINVAL)?;
+        attr.grh.sgid_index = index as u8;
         attr.grh.hop_limit = 0xFF;
         Ok(0)
     })
