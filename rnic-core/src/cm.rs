@@ -16,8 +16,8 @@
 //! Where the IBTA leaves a choice this follows the Linux kernel's ib_cm,
 //! whose traffic is the reference (`rnic-wire`'s README): a REQ nobody
 //! listens for is refused with reason 8 and Local Communication ID 0; a
-//! repeated REQ is dropped while the application has not answered, and
-//! refused as a stale connection (reason 10) in timewait; a repeated REP
+//! repeated REQ is met with an MRA while the application has not answered,
+//! and refused as a stale connection (reason 10) in timewait; a repeated REP
 //! is answered with the RTU again; a DREQ for a connection that is gone
 //! still gets its DREP; transaction IDs are those the kernel uses
 //! ([`rnic_wire::cm::kernel_tid`]).
@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use rnic_wire::cm::{
-    self, reason, Answered, Dreq, Ids, Mad, Message, Path, Rej, Rep, Req, SidrRep, SidrReq,
+    self, reason, Answered, Dreq, Ids, Mad, Message, Mra, Path, Rej, Rep, Req, SidrRep, SidrReq,
 };
 
 use crate::rng::{self, SecretRng};
@@ -36,6 +36,12 @@ use crate::time::Time;
 /// The most REQs a listener holds unanswered unless told otherwise: the
 /// kernel's rdma_cm default (`net.rdma_ucm.max_backlog`).
 pub const DEFAULT_BACKLOG: usize = 1024;
+
+/// The service timeout of the MRA sent for a request the application has
+/// not answered when its REQ comes again (4.096 us x 2^24, about 69 s):
+/// the kernel's rdma_cm's (`CMA_CM_MRA_SETTING`), as the reference
+/// captures show it.
+pub const MRA_SERVICE_TIMEOUT: u8 = 24;
 
 /// How long a connection stays in timewait after it is disconnected: the
 /// IDs of a connection just closed are refused to a late REQ for that long.
@@ -725,12 +731,29 @@ impl CmAgent {
             .iter()
             .find(|(_, c)| c.peer == from && c.remote_comm_id == req.local_comm_id && c.tid == tid);
         if let Some((&id, c)) = known {
-            if c.state == State::Timewait {
-                let rej = Rej::new(id, req.local_comm_id, Answered::Other, reason::STALE_CONN);
-                self.send(from, Mad::new(tid, Message::Rej(rej)));
+            match c.state {
+                State::Timewait => {
+                    let rej = Rej::new(id, req.local_comm_id, Answered::Other, reason::STALE_CONN);
+                    self.send(from, Mad::new(tid, Message::Rej(rej)));
+                }
+                // The application has not answered, and the peer is
+                // running out of patience: it is told the answer will be
+                // late, as the kernel's rdma_cm tells it (its MRA is
+                // "delayed" until the REQ comes again).
+                State::ReqRcvd => {
+                    let mra = Mra {
+                        local_comm_id: id,
+                        remote_comm_id: req.local_comm_id,
+                        message_mraed: Answered::Req,
+                        service_timeout: MRA_SERVICE_TIMEOUT,
+                        private_data: [0; cm::private_len::MRA],
+                    };
+                    self.send(from, Mad::new(tid, Message::Mra(mra)));
+                }
+                // Otherwise the REP answers it (and is sent again on its
+                // own timer).
+                _ => {}
             }
-            // Otherwise dropped: the application has not answered yet, or
-            // the REP answers it (and is sent again on its own timer).
             return;
         }
         let Some(&backlog) = self.listening.get(&req.service_id) else {

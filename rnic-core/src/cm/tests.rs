@@ -286,12 +286,13 @@ fn a_lost_req_is_sent_again_and_a_repeated_one_is_not_a_second_connection() {
     p.run(|_| false);
     let events: Vec<_> = p.b.take_events().collect();
     assert_eq!(events.len(), 1);
-    // And once more (A's timer again, B not answering yet): dropped.
+    // And once more (A's timer again, B not answering yet): no second
+    // request, an MRA (see a_repeated_req_gets_an_mra_and_the_active_side_waits).
     p.tick();
     p.run(|_| false);
     assert!(p.b.take_events().next().is_none());
     assert_eq!(p.b.connections(), 1);
-    assert_eq!(p.names(), ["REQ", "REQ", "REQ"]);
+    assert_eq!(p.names(), ["REQ", "REQ", "REQ", "MRA"]);
     let CmEvent::Request { id, .. } = &events[0] else {
         panic!()
     };
@@ -566,4 +567,43 @@ fn sidr_resolves_a_ud_qp_or_says_why_not() {
         p.a.take_events().collect::<Vec<_>>(),
         [CmEvent::Unreachable { id }]
     );
+}
+
+/// A REQ that comes again while the listener's application has not
+/// answered is met with an MRA (service timeout 24, the REQ's TID), as the
+/// kernel's rdma_cm answers it; the active side then waits that much longer
+/// before sending the REQ again, and the late accept still connects.
+#[test]
+fn a_repeated_req_gets_an_mra_and_the_active_side_waits() {
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let [CmEvent::Request { id: b_id, .. }] = p.b.take_events().collect::<Vec<_>>()[..] else {
+        panic!("no request");
+    };
+    // A's REQ timer fires: the REQ again, and B's MRA.
+    p.tick();
+    p.run(|_| false);
+    assert_eq!(p.names(), ["REQ", "REQ", "MRA"]);
+    assert_eq!(p.tids[2], p.tids[0]);
+    let waited_from = p.now;
+    assert!(
+        p.b.take_events().next().is_none(),
+        "the repeat is no new request"
+    );
+    // A now waits the MRA's service timeout (about 137 s for the round trip).
+    let next = p.a.next_deadline().unwrap();
+    assert!(
+        next.since(waited_from) > Duration::from_secs(60),
+        "{:?}",
+        next.since(waited_from)
+    );
+    // The application answers late; the connection is made.
+    p.now = waited_from + Duration::from_secs(30);
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    p.run(|_| false);
+    assert!(matches!(
+        &p.a.take_events().collect::<Vec<_>>()[..],
+        [CmEvent::Reply { id, .. }] if *id == a_id
+    ));
 }
