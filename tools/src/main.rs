@@ -180,6 +180,11 @@ enum Command {
         /// instead of a random one: 0xffff00 makes a run cross the wrap.
         #[arg(long, value_parser = parse_psn)]
         psn: Option<rnic_wire::Psn>,
+        /// Connect through the communication manager on QP1 (REQ, REP,
+        /// RTU), by address and rdma_cm port (-p), as rdma_cm programs do,
+        /// instead of exchanging QP numbers over TCP.
+        #[arg(long)]
+        cm: bool,
     },
     /// Run an unmodified verbs program (ibv_rc_pingpong, ib_write_bw, your
     /// own) on rnic: its libibverbs.so.1 is rnic's drop-in library.
@@ -362,6 +367,7 @@ fn main() -> ExitCode {
             iface,
             gid_index,
             psn,
+            cm,
         } => {
             let o = pingpong::Options {
                 server,
@@ -372,6 +378,7 @@ fn main() -> ExitCode {
                 iface,
                 gid_index,
                 psn,
+                cm,
             };
             match pingpong::run(&o) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,10 @@
 //! `rnic pingpong`, like rdma-core's `ibv_rc_pingpong`: a server and a client
 //! exchange queue pair numbers, PSNs and GIDs over TCP, in ibv_rc_pingpong's own
-//! format, then bounce messages back and forth over RC SENDs.
+//! format (or, with `--cm`, connect through the communication manager on
+//! QP1, by address and rdma_cm port, as rdma_cm programs do), then bounce
+//! messages back and forth over RC SENDs.
 
+use std::net::ToSocketAddrs;
 use std::time::{Duration, Instant};
 
 use rnic_verbs::rendezvous;
@@ -27,6 +30,9 @@ pub struct Options {
     pub gid_index: Option<usize>,
     /// The first PSN this side sends, if not a random one.
     pub psn: Option<rnic_wire::Psn>,
+    /// Connect through the CM (`port` is the rdma_cm port) rather than
+    /// exchange endpoints over TCP.
+    pub cm: bool,
 }
 
 const T: Duration = Duration::from_secs(30);
@@ -55,37 +61,35 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
     if let Some(i) = o.gid_index {
         qp.use_gid(i)?;
     }
-    let mine = qp.endpoint();
-    println!(
-        "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        mine.qpn,
-        mine.psn,
-        gid_of(mine.addr)
-    );
-    let remote = exchange(o, &mine)?;
-    println!(
-        "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-        remote.qpn,
-        remote.psn,
-        gid_of(remote.addr)
-    );
-    let opts = ConnectOptions {
-        mtu: o.mtu,
-        access: Access::NONE,
-        ..ConnectOptions::default()
+    let post_recvs = |qp: &QueuePair, n: u64| -> Result<()> {
+        for i in 0..n {
+            qp.post_recv(RecvWr {
+                wr_id: i,
+                sg_list: sg_list![mr.sge(size as usize, size)],
+            })?;
+        }
+        Ok(())
     };
-    qp.connect(&remote, &opts)?;
-
+    // Through the CM: receives posted before the connection is made (the
+    // QP in INIT), as an rdma_cm program posts them after rdma_create_qp,
+    // so the peer's first SEND finds one.
+    let _conn = if o.cm {
+        qp.init(Access::NONE)?;
+        post_recvs(&qp, o.iters.min(1000))?;
+        Some(connect_cm(o, &dev, &qp)?)
+    } else {
+        None
+    };
+    if !o.cm {
+        exchange_and_connect(o, &qp)?;
+        post_recvs(&qp, o.iters.min(1000))?;
+    }
     let recv = |id: u64| {
         qp.post_recv(RecvWr {
             wr_id: id,
             sg_list: sg_list![mr.sge(size as usize, size)],
         })
     };
-    // Enough receives posted that the peer never waits for one.
-    for i in 0..o.iters.min(1000) {
-        recv(i)?;
-    }
     let mut posted_recvs = o.iters.min(1000);
     let send = |id: u64| qp.post_send(SendWr::new(id, SendOp::send(), sg_list![mr.sge(0, size)]));
     let start = Instant::now();
@@ -128,5 +132,71 @@ pub fn run(o: &Options) -> std::result::Result<(), Box<dyn std::error::Error>> {
         o.iters,
         secs * 1e6 / o.iters as f64
     );
+    Ok(())
+}
+
+/// Connect through the CM: the server listens on rdma_cm port `o.port` and
+/// accepts the first request; the client connects to it.
+fn connect_cm(
+    o: &Options,
+    dev: &Device,
+    qp: &QueuePair,
+) -> std::result::Result<cm::Connection, Box<dyn std::error::Error>> {
+    let conn = match &o.server {
+        Some(host) => {
+            let to = (host.as_str(), o.port)
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| format!("{host}: no address"))?;
+            dev.connect(qp, to, &[], T)?
+        }
+        None => {
+            let listener = dev.listen(o.port)?;
+            println!(
+                "  listening on {}:{} (rdma_cm)",
+                dev.addr(),
+                listener.port()
+            );
+            let request = listener.next(Duration::from_secs(600))?;
+            println!("  request from {}", request.peer());
+            request.accept(qp, &[], T)?
+        }
+    };
+    let q = qp.query()?;
+    println!(
+        "  connected through the CM: QPN 0x{:06x} <-> 0x{:06x}, PSN 0x{:06x}, MTU {}",
+        qp.qpn(),
+        q.dest_qp_num,
+        q.sq_psn,
+        q.path_mtu.bytes()
+    );
+    Ok(conn)
+}
+
+/// Exchange endpoints over TCP as ibv_rc_pingpong does, and connect.
+fn exchange_and_connect(
+    o: &Options,
+    qp: &QueuePair,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let mine = qp.endpoint();
+    println!(
+        "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        mine.qpn,
+        mine.psn,
+        gid_of(mine.addr)
+    );
+    let remote = exchange(o, &mine)?;
+    println!(
+        "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        remote.qpn,
+        remote.psn,
+        gid_of(remote.addr)
+    );
+    let opts = ConnectOptions {
+        mtu: o.mtu,
+        access: Access::NONE,
+        ..ConnectOptions::default()
+    };
+    qp.connect(&remote, &opts)?;
     Ok(())
 }

@@ -193,3 +193,63 @@ fn send_64(mr: &rnic_verbs::MemoryRegion, wr_id: u64) -> rnic_verbs::SendWr {
     use rnic_verbs::*;
     SendWr::new(wr_id, SendOp::send(), sg_list![mr.sge(0, 64)])
 }
+
+/// `rnic pingpong --cm`: the client connects to the server's address and
+/// rdma_cm port through the CM (no TCP exchange), and the messages cross.
+#[test]
+fn connected_through_the_cm() {
+    use std::io::{BufRead, BufReader};
+    let port = (40_000 + std::process::id() % 20_000).to_string();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["pingpong", "--cm", "-p", &port, "-n", "300", "-s", "2000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    // Its address is the first free loopback one: it says which.
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let listening = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("listening on"))
+        .expect("the server listens");
+    let at = listening.split_whitespace().nth(2).unwrap().to_string();
+    let addr = at.rsplit_once(':').unwrap().0.to_string();
+    let client = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args([
+            "pingpong", "--cm", &addr, "-p", &port, "-n", "300", "-s", "2000",
+        ])
+        .output()
+        .expect("run the client");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let server_text: Vec<String> = lines.map_while(Result::ok).collect();
+    let client_text = String::from_utf8_lossy(&client.stdout);
+    assert!(
+        client.status.success(),
+        "client: {client_text}{}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "server: {server_text:?}"
+    );
+    assert!(
+        client_text.contains("connected through the CM"),
+        "{client_text}"
+    );
+    assert!(client_text.contains("300 iters in"), "{client_text}");
+    assert!(
+        server_text.iter().any(|l| l.contains("300 iters in")),
+        "{server_text:?}"
+    );
+}

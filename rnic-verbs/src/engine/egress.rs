@@ -115,6 +115,7 @@ impl EngineState {
             }
             self.tx = tx;
         }
+        self.close_retired();
         self.deliver();
     }
 }

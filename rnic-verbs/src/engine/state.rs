@@ -91,6 +91,10 @@ pub(crate) struct EngineState {
     port_users: HashMap<(IpAddr, u16), u32>,
     /// The source-port socket each queue pair sends from.
     qp_ports: HashMap<u32, (IpAddr, u16)>,
+    /// Source-port sockets no queue pair uses any more, closed once
+    /// nothing waiting to be sent (an ACK held for an answer, say) leaves
+    /// from them: the ICRC of such a datagram covers the port.
+    retiring: Vec<(IpAddr, u16)>,
 }
 
 impl EngineState {
@@ -130,6 +134,7 @@ impl EngineState {
             cm_routes: crate::cm::Routes::default(),
             port_users: HashMap::default(),
             qp_ports: HashMap::default(),
+            retiring: Vec::new(),
         }
     }
 
@@ -220,8 +225,33 @@ impl EngineState {
         if let Some(n) = self.port_users.get_mut(&(src, p)) {
             *n += 1;
             self.qp_ports.insert(qpn, (src, p));
+            self.retiring.retain(|&k| k != (src, p));
         }
         Ok(p)
+    }
+
+    /// Close the source-port sockets no queue pair uses and nothing
+    /// waiting to be sent leaves from.
+    pub(super) fn close_retired(&mut self) {
+        if self.retiring.is_empty() {
+            return;
+        }
+        let waiting: Vec<(IpAddr, u16)> = self
+            .nic
+            .queued()
+            .map(|d| (d.src, d.src_port))
+            .filter(|k| self.retiring.contains(k))
+            .collect();
+        let mut retiring = std::mem::take(&mut self.retiring);
+        retiring.retain(|k| {
+            if waiting.contains(k) || self.port_users.get(k).is_some_and(|&n| n > 0) {
+                return true;
+            }
+            self.port_users.remove(k);
+            self.send_sockets.remove(k);
+            false
+        });
+        self.retiring = retiring;
     }
 
     /// QP `qpn` no longer sends from its source-port socket: closed if it
@@ -233,11 +263,11 @@ impl EngineState {
         };
         if let Some(n) = self.port_users.get_mut(&at) {
             *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.port_users.remove(&at);
-                self.send_sockets.remove(&at);
+            if *n == 0 && !self.retiring.contains(&at) {
+                self.retiring.push(at);
             }
         }
+        self.close_retired();
     }
 
     /// The scope a socket address needs for `addr`: the interface's index
