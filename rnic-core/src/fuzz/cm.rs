@@ -287,7 +287,9 @@ pub fn run(data: &[u8]) {
         to.handle_datagram(now, &d);
     }
     for nic in [&mut a, &mut b] {
-        for _ in 0..64 {
+        // Each connection's retries and timewait end (about 17 rounds
+        // each, a few connections' deadlines apart).
+        for _ in 0..20_000 {
             let Some(t) = nic.next_deadline() else { break };
             now = now.max(t);
             nic.handle_timeout(now);
