@@ -237,6 +237,24 @@ struct Conn {
 }
 
 impl Conn {
+    /// A connection (or SIDR request) in `state` with `peer`, in
+    /// transaction `tid`, for `service_id`; nothing sent or awaited yet.
+    fn new(state: State, peer: IpAddr, tid: u64, service_id: u64, response_timeout: u8) -> Conn {
+        Conn {
+            state,
+            peer,
+            remote_comm_id: 0,
+            tid,
+            last: None,
+            deadline: None,
+            retries_left: 0,
+            response_timeout,
+            remote_qpn: 0,
+            active: matches!(state, State::ReqSent | State::SidrSent),
+            service_id,
+        }
+    }
+
     /// Closed: nothing more to send; the IDs rest until `now + TIMEWAIT`.
     fn enter_timewait(&mut self, now: Time) {
         self.state = State::Timewait;
@@ -382,22 +400,8 @@ impl CmAgent {
             private_data,
         };
         let tid = cm::kernel_tid(self.hi_tid, id);
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::ReqSent,
-                peer: to,
-                remote_comm_id: 0,
-                tid,
-                last: None,
-                deadline: None,
-                retries_left: 0,
-                response_timeout: self.response_timeout,
-                remote_qpn: 0,
-                active: true,
-                service_id: p.service_id,
-            },
-        );
+        let conn = Conn::new(State::ReqSent, to, tid, p.service_id, self.response_timeout);
+        self.conns.insert(id, conn);
         self.send_kept(now, id, Mad::new(tid, Message::Req(req)));
         Ok(CmId(id))
     }
@@ -423,22 +427,8 @@ impl CmAgent {
             private_data,
         };
         let tid = cm::kernel_tid(self.hi_tid, id);
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::SidrSent,
-                peer: to,
-                remote_comm_id: 0,
-                tid,
-                last: None,
-                deadline: None,
-                retries_left: 0,
-                response_timeout: self.response_timeout,
-                remote_qpn: 0,
-                active: true,
-                service_id,
-            },
-        );
+        let conn = Conn::new(State::SidrSent, to, tid, service_id, self.response_timeout);
+        self.conns.insert(id, conn);
         self.send_kept(now, id, Mad::new(tid, Message::SidrReq(req)));
         Ok(CmId(id))
     }
@@ -691,22 +681,17 @@ impl CmAgent {
         let Ok(id) = self.new_id() else {
             return;
         };
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::SidrRcvd,
-                peer: from,
-                remote_comm_id: req.request_id,
+        let conn = Conn {
+            remote_comm_id: req.request_id,
+            ..Conn::new(
+                State::SidrRcvd,
+                from,
                 tid,
-                last: None,
-                deadline: None,
-                retries_left: 0,
-                response_timeout: self.response_timeout,
-                remote_qpn: 0,
-                active: false,
-                service_id: req.service_id,
-            },
-        );
+                req.service_id,
+                self.response_timeout,
+            )
+        };
+        self.conns.insert(id, conn);
         self.events.push_back(CmEvent::SidrRequest {
             id: CmId(id),
             from,
@@ -773,23 +758,15 @@ impl CmAgent {
         let Ok(id) = self.new_id() else {
             return; // the REQ is sent again; an ID may be free by then
         };
-        self.conns.insert(
-            id,
-            Conn {
-                state: State::ReqRcvd,
-                peer: from,
-                remote_comm_id: req.local_comm_id,
-                tid,
-                last: None,
-                deadline: None,
-                retries_left: 0,
-                // How long the active side takes to answer the REP.
-                response_timeout: req.local_cm_response_timeout,
-                remote_qpn: req.local_qpn,
-                active: false,
-                service_id: req.service_id,
-            },
-        );
+        // How long the active side takes to answer the REP: its own
+        // response timeout.
+        let wait = req.local_cm_response_timeout;
+        let conn = Conn {
+            remote_comm_id: req.local_comm_id,
+            remote_qpn: req.local_qpn,
+            ..Conn::new(State::ReqRcvd, from, tid, req.service_id, wait)
+        };
+        self.conns.insert(id, conn);
         self.events.push_back(CmEvent::Request {
             id: CmId(id),
             from,

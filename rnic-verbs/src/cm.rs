@@ -12,7 +12,7 @@
 //!
 //! Moving the queue pairs through their states is the caller's, as
 //! rdma_cm's library does it between the kernel's events:
-//! [`rtr_attr`] and [`rts_attr`] say what the REQ and REP settle.
+//! [`QpSetup`] says what the REQ and REP settle.
 
 use std::collections::HashMap;
 use std::io;
@@ -591,12 +591,6 @@ fn claim_name(ps: PortSpace, port: u16, addr: IpAddr) -> String {
     format!("rnic/cm/{:04x}/{port}/{addr}", ps.number())
 }
 
-fn bind_name(name: &str) -> io::Result<std::os::unix::net::UnixDatagram> {
-    use std::os::linux::net::SocketAddrExt;
-    let at = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
-    std::os::unix::net::UnixDatagram::bind_addr(&at)
-}
-
 /// The ports the kernel hands out when a program asks for none
 /// (`ip_local_port_range`'s default).
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
@@ -633,7 +627,7 @@ impl PortClaim {
         let sockets = addrs
             .iter()
             .map(|&a| {
-                bind_name(&claim_name(ps, port, a)).map_err(|e| {
+                crate::engine::bind_abstract(&claim_name(ps, port, a)).map_err(|e| {
                     if e.kind() == io::ErrorKind::AddrInUse {
                         io::Error::new(
                             io::ErrorKind::AddrInUse,

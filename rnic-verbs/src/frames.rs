@@ -366,11 +366,9 @@ pub const SLOT_BITS: u32 = 4;
 pub(crate) fn claim_slot(
     iface: &Interface,
 ) -> io::Result<(QpnSlot, std::os::unix::net::UnixDatagram)> {
-    use std::os::linux::net::SocketAddrExt;
     for slot in 0..1 << SLOT_BITS {
         let name = format!("rnic/qpn-slot/{}/{slot}", iface.name);
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-        match std::os::unix::net::UnixDatagram::bind_addr(&addr) {
+        match crate::engine::bind_abstract(&name) {
             Ok(s) => {
                 let bits = SLOT_BITS;
                 return Ok((QpnSlot { slot, bits }, s));

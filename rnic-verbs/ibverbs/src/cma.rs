@@ -906,16 +906,7 @@ pub unsafe extern "C" fn rdma_create_qp(
         let i = id_of(id)?;
         // SAFETY: the program's attributes.
         let a = unsafe { ffi::out(qp_init_attr)? };
-        // SAFETY: plain data.
-        let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-        ex.qp_context = a.qp_context;
-        ex.send_cq = a.send_cq;
-        ex.recv_cq = a.recv_cq;
-        ex.srq = a.srq;
-        ex.cap = a.cap;
-        ex.qp_type = a.qp_type;
-        ex.sq_sig_all = a.sq_sig_all;
-        ex.pd = pd;
+        let mut ex = crate::qp::init_attr_ex(a, pd);
         create_qp(i, &mut ex)?;
         a.cap = ex.cap;
         a.send_cq = ex.send_cq;
@@ -964,6 +955,38 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut cs::rdma_cm_id) {
 
 // ---- connecting ----
 
+/// The QP a connection is for: the id's, or the one the program names.
+fn qp_num_of(i: &Id, p: Option<&cs::rdma_conn_param>) -> Result<u32, i32> {
+    // SAFETY: our C part.
+    let qp = unsafe { (*i.c()).qp };
+    if qp.is_null() {
+        Ok(p.ok_or(libc::EINVAL)?.qp_num)
+    } else {
+        // SAFETY: the id's QP.
+        Ok(unsafe { (*qp).qp_num })
+    }
+}
+
+/// `len` bytes at `data` (none for a null pointer).
+///
+/// # Safety
+/// `data` is null or readable for `len` bytes.
+unsafe fn bytes<'a>(data: *const c_void, len: u8) -> &'a [u8] {
+    if data.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's promise.
+    unsafe { std::slice::from_raw_parts(data.cast(), usize::from(len)) }
+}
+
+/// The private data of the program's connection parameters.
+fn private_of(p: Option<&cs::rdma_conn_param>) -> &[u8] {
+    // SAFETY: the program's private data, of the length it says.
+    p.map_or(&[], |p| unsafe {
+        bytes(p.private_data, p.private_data_len)
+    })
+}
+
 /// The READs and atomics an id sends and answers at once when the program
 /// leaves it to the library (`RDMA_MAX_*`): the device's most.
 fn device_rd_atomic() -> u8 {
@@ -979,32 +1002,14 @@ pub unsafe extern "C" fn rdma_connect(
         let i = id_of(id)?;
         // SAFETY: the program's parameters (or null).
         let p = unsafe { conn_param.as_ref() };
-        // SAFETY: our C part.
-        let c = unsafe { &*i.c() };
-        let qpn = if c.qp.is_null() {
-            p.ok_or(libc::EINVAL)?.qp_num
-        } else {
-            // SAFETY: the id's QP.
-            unsafe { (*c.qp).qp_num }
-        };
+        let qpn = qp_num_of(i, p)?;
         let pick = |v: Option<u8>, max: u32| match v {
             Some(v) if u32::from(v) != max => v,
             _ => device_rd_atomic(),
         };
         let initiator_depth = pick(p.map(|p| p.initiator_depth), cs::RDMA_MAX_INIT_DEPTH);
         let responder_resources = pick(p.map(|p| p.responder_resources), cs::RDMA_MAX_RESP_RES);
-        let private: &[u8] = match p {
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
-                // SAFETY: the program's private data, of the length it says.
-                unsafe {
-                    std::slice::from_raw_parts(
-                        p.private_data.cast(),
-                        usize::from(p.private_data_len),
-                    )
-                }
-            }
-            _ => &[],
-        };
+        let private = private_of(p);
         let ctx = i.ctx()?;
         let (local, remote, ps, psn, ack_timeout) = {
             let st = i.state();
@@ -1104,29 +1109,11 @@ pub unsafe extern "C" fn rdma_accept(
         let i = id_of(id)?;
         // SAFETY: the program's parameters (or null).
         let p = unsafe { conn_param.as_ref() };
-        // SAFETY: our C part.
-        let c = unsafe { &*i.c() };
-        let qpn = if c.qp.is_null() {
-            p.ok_or(libc::EINVAL)?.qp_num
-        } else {
-            // SAFETY: the id's QP.
-            unsafe { (*c.qp).qp_num }
-        };
+        let qpn = qp_num_of(i, p)?;
         let ctx = i.ctx()?;
         if is_ud(i) {
             let conn = i.state().conn.ok_or(libc::EINVAL)?;
-            let private: &[u8] = match p {
-                Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
-                    // SAFETY: the program's private data, of the length it says.
-                    unsafe {
-                        std::slice::from_raw_parts(
-                            p.private_data.cast(),
-                            usize::from(p.private_data_len),
-                        )
-                    }
-                }
-                _ => &[],
-            };
+            let private = private_of(p);
             // The SIDR_REP names the QP and the rdma_cm Q_Key; nothing
             // more comes for a UD id (no ESTABLISHED on this side).
             ctx.nic
@@ -1157,19 +1144,7 @@ pub unsafe extern "C" fn rdma_accept(
             Some(v) if u32::from(v) != max => v,
             _ => asked.min(device_rd_atomic()),
         };
-        let private: Vec<u8> = match p {
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
-                // SAFETY: the program's private data, of the length it says.
-                unsafe {
-                    std::slice::from_raw_parts(
-                        p.private_data.cast::<u8>(),
-                        usize::from(p.private_data_len),
-                    )
-                }
-                .to_vec()
-            }
-            _ => Vec::new(),
-        };
+        let private = private_of(p).to_vec();
         let params = AcceptParams {
             qpn,
             starting_psn: psn,
@@ -1204,14 +1179,8 @@ pub unsafe extern "C" fn rdma_reject(
 ) -> c_int {
     call(|| {
         let i = id_of(id)?;
-        let data: &[u8] = if private_data.is_null() || private_data_len == 0 {
-            &[]
-        } else {
-            // SAFETY: the program's data, of the length it says.
-            unsafe {
-                std::slice::from_raw_parts(private_data.cast(), usize::from(private_data_len))
-            }
-        };
+        // SAFETY: the program's data, of the length it says.
+        let data = unsafe { bytes(private_data, private_data_len) };
         let conn = i.state().conn.ok_or(libc::EINVAL)?;
         let nic = &i.ctx()?.nic;
         if is_ud(i) {
@@ -1592,18 +1561,8 @@ fn accept_request(l: &Id, conn: CmId, from: IpAddr, req: &Req) -> Option<&'stati
         st.initiator_depth = req.responder_resources;
     }
     if let Some(attr) = qp_init {
-        let a = *attr;
-        // SAFETY: plain data.
-        let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-        ex.qp_context = a.qp_context;
-        ex.send_cq = a.send_cq;
-        ex.recv_cq = a.recv_cq;
-        ex.srq = a.srq;
-        ex.cap = a.cap;
-        ex.qp_type = a.qp_type;
-        ex.sq_sig_all = a.sq_sig_all;
         // SAFETY: the listener's C part.
-        ex.pd = unsafe { (*l.c()).pd };
+        let mut ex = crate::qp::init_attr_ex(&attr, unsafe { (*l.c()).pd });
         if create_qp(child, &mut ex).is_err() {
             if let Ok(c) = child.ctx() {
                 let _ = c.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);

@@ -197,20 +197,30 @@ pub unsafe extern "C" fn ibv_create_qp(
     ffi::ptr_call(|| {
         // SAFETY: the program's pointer.
         let a = unsafe { ffi::out(attr)? };
-        // SAFETY: plain data.
-        let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
-        ex.qp_context = a.qp_context;
-        ex.send_cq = a.send_cq;
-        ex.recv_cq = a.recv_cq;
-        ex.srq = a.srq;
-        ex.cap = a.cap;
-        ex.qp_type = a.qp_type;
-        ex.sq_sig_all = a.sq_sig_all;
+        let mut ex = init_attr_ex(a, pd);
         // SAFETY: the program's pd, checked in `create`.
         let p = unsafe { create(pd, &mut ex)? };
         a.cap = ex.cap;
         Ok(p)
     })
+}
+
+/// `ibv_qp_init_attr` as the extended attributes, on `pd`.
+pub(crate) fn init_attr_ex(
+    a: &sys::ibv_qp_init_attr,
+    pd: *mut sys::ibv_pd,
+) -> sys::ibv_qp_init_attr_ex {
+    // SAFETY: plain data.
+    let mut ex: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+    ex.qp_context = a.qp_context;
+    ex.send_cq = a.send_cq;
+    ex.recv_cq = a.recv_cq;
+    ex.srq = a.srq;
+    ex.cap = a.cap;
+    ex.qp_type = a.qp_type;
+    ex.sq_sig_all = a.sq_sig_all;
+    ex.pd = pd;
+    ex
 }
 
 pub(crate) unsafe extern "C" fn create_qp_ex(

@@ -71,6 +71,7 @@ use crate::Config;
 use exit::register;
 pub use observe::TapEvent;
 use shared::Shared;
+pub(crate) use sockets::bind_abstract;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub use sockets::{nic_on, reserve_loopback, reserve_loopback_for_exec};
 pub(crate) use state::{CqSink, EngineState, EventSink};

@@ -94,8 +94,16 @@ fn claim_name(addr: IpAddr, scope: u32) -> String {
 }
 
 fn bind_claim(addr: IpAddr, scope: u32) -> io::Result<UnixDatagram> {
+    bind_abstract(&claim_name(addr, scope))
+}
+
+/// A claim among every process of the network namespace: an abstract Unix
+/// socket bound to `name` (`AddrInUse` if another holds it), which the
+/// kernel frees when its last descriptor closes, however the holder ends.
+/// rnic's claims on addresses, QP-number slots and rdma_cm ports are these.
+pub(crate) fn bind_abstract(name: &str) -> io::Result<UnixDatagram> {
     use std::os::linux::net::SocketAddrExt;
-    let at = std::os::unix::net::SocketAddr::from_abstract_name(claim_name(addr, scope))?;
+    let at = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
     UnixDatagram::bind_addr(&at)
 }
 
