@@ -597,12 +597,9 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut cs::rdma_cm_id, _timeout_ms
     })
 }
 
-/// For a synchronous id: wait for the event the call led to and fail as
-/// it says (librdmacm's `ucma_complete`).
-fn complete(i: &Id) -> Result<(), i32> {
-    if !i.sync() {
-        return Ok(());
-    }
+/// A synchronous id's next event, from its own channel, the event a call
+/// left on it acknowledged first (librdmacm keeps one there at a time).
+fn next_own_event(i: &Id) -> Result<*mut cs::rdma_cm_event, i32> {
     // SAFETY: our C part.
     let c = unsafe { &mut *i.c() };
     if !c.event.is_null() {
@@ -615,7 +612,18 @@ fn complete(i: &Id) -> Result<(), i32> {
     if unsafe { rdma_get_cm_event(c.channel, &mut e) } != 0 {
         return Err(ffi::errno());
     }
-    c.event = e;
+    Ok(e)
+}
+
+/// For a synchronous id: wait for the event the call led to and fail as
+/// it says (librdmacm's `ucma_complete`).
+fn complete(i: &Id) -> Result<(), i32> {
+    if !i.sync() {
+        return Ok(());
+    }
+    let e = next_own_event(i)?;
+    // SAFETY: our C part.
+    unsafe { (*i.c()).event = e };
     // SAFETY: the event just taken.
     let ev = unsafe { &*e };
     match ev.status {
@@ -2038,18 +2046,9 @@ pub unsafe extern "C" fn rdma_get_request(
         if !l.sync() {
             return Err(libc::EINVAL);
         }
+        let e = next_own_event(l)?;
         // SAFETY: our C part.
         let lc = unsafe { &mut *l.c() };
-        if !lc.event.is_null() {
-            // SAFETY: the event left on the listener.
-            unsafe { rdma_ack_cm_event(lc.event) };
-            lc.event = std::ptr::null_mut();
-        }
-        let mut e: *mut cs::rdma_cm_event = std::ptr::null_mut();
-        // SAFETY: the listener's own channel.
-        if unsafe { rdma_get_cm_event(lc.channel, &mut e) } != 0 {
-            return Err(ffi::errno());
-        }
         // SAFETY: the event just taken.
         let ev = unsafe { &*e };
         if ev.event != cs::RDMA_CM_EVENT_CONNECT_REQUEST || ev.status != 0 {
