@@ -263,6 +263,46 @@ impl Conn {
     }
 }
 
+/// Whom a CM MAD is for, where several agents answer at one address (see
+/// [`addressee`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressee {
+    /// A REQ or SIDR_REQ: the agent that listens on this service ID.
+    Service(u64),
+    /// Any other message: the agent that chose this ID (the communication
+    /// ID or SIDR request ID the message names as its receiver's).
+    Agent(u32),
+}
+
+/// Whom `mad` is for: every CM message but a request names its receiver's
+/// own ID. `None` for a REJ that names none (a REJ of a REQ the sender
+/// could not read).
+pub fn addressee(mad: &Mad) -> Option<Addressee> {
+    let id = match &mad.message {
+        Message::Req(m) => return Some(Addressee::Service(m.service_id)),
+        Message::SidrReq(m) => return Some(Addressee::Service(m.service_id)),
+        Message::SidrRep(m) => m.request_id,
+        Message::Rep(m) => m.remote_comm_id,
+        Message::Mra(m) => m.remote_comm_id,
+        Message::Rej(m) => m.remote_comm_id,
+        Message::Rtu(m) | Message::Drep(m) => m.remote_comm_id,
+        Message::Dreq(m) => m.remote_comm_id,
+    };
+    (id != 0).then_some(Addressee::Agent(id))
+}
+
+/// Whom a RoCE packet to QP 1 (`ib`: from its BTH on) is for, if it holds
+/// a CM MAD that names one; what the receiving NIC makes of the packet
+/// (its ICRC, its headers' checks) is still the NIC's to say.
+pub fn packet_addressee(ib: &[u8]) -> Option<Addressee> {
+    let pkt = rnic_wire::IbPacket::new_checked(ib).ok()?;
+    if pkt.bth().dest_qp() != rnic_wire::mad::GSI_QPN {
+        return None;
+    }
+    let mad = pkt.payload().get(..rnic_wire::mad::MAD_LEN)?;
+    addressee(&Mad::parse(mad).ok()?)
+}
+
 /// The communication manager of one port.
 pub struct CmAgent {
     ca_guid: u64,
@@ -337,6 +377,18 @@ impl CmAgent {
         }
         self.listening.insert(service_id, backlog.max(1));
         Ok(())
+    }
+
+    /// Draw IDs (communication IDs, SIDR request IDs) only with `slot` in
+    /// their top `bits` bits (at most 8), as the QP numbers of a NIC that
+    /// shares its address with others ([`crate::Nic::restrict_qpns`]); the
+    /// rest stays random.
+    pub fn restrict_ids(&mut self, slot: u32, bits: u32) {
+        let bits = bits.min(8);
+        let shift = 32 - bits;
+        let lo = (slot << shift).max(1);
+        let hi = (u64::from(slot + 1) << shift).saturating_sub(1) as u32;
+        self.ids.set_range(lo, hi);
     }
 
     /// Stop accepting REQs for `service_id`.

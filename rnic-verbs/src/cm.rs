@@ -126,7 +126,10 @@ impl Route {
 /// that starts a connection is there before any event of it.
 #[derive(Debug, Default)]
 pub(crate) struct Routes {
-    listeners: HashMap<u64, Route>,
+    /// Each service listened on: its route, and the name that tells the
+    /// NIC that receives the address's CM messages who listens (see
+    /// `engine::relay`).
+    listeners: HashMap<u64, (Route, std::os::unix::net::UnixDatagram)>,
     conns: HashMap<CmId, Route>,
 }
 
@@ -136,8 +139,8 @@ impl Routes {
     /// an event nobody waits for is dropped (its connection was released).
     pub fn deliver(&mut self, e: CmEvent) {
         let route = match &e {
-            CmEvent::Request { req, .. } => self.listeners.get(&req.service_id),
-            CmEvent::SidrRequest { req, .. } => self.listeners.get(&req.service_id),
+            CmEvent::Request { req, .. } => self.listeners.get(&req.service_id).map(|l| &l.0),
+            CmEvent::SidrRequest { req, .. } => self.listeners.get(&req.service_id).map(|l| &l.0),
             CmEvent::Reply { id, .. }
             | CmEvent::Established { id }
             | CmEvent::Rejected { id, .. }
@@ -185,8 +188,16 @@ impl Device {
         tracing::debug!(service_id = format_args!("{service_id:#x}"), "CM listen");
         self.engine.call(move |st| -> Result<()> {
             st.nic.cm().listen_with_backlog(service_id, backlog)?;
-            st.cm_routes.listeners.insert(service_id, route);
-            Ok(())
+            match st.listening_on(service_id) {
+                Ok(name) => {
+                    st.cm_routes.listeners.insert(service_id, (route, name));
+                    Ok(())
+                }
+                Err(e) => {
+                    st.nic.cm().unlisten(service_id);
+                    Err(e.into())
+                }
+            }
         })?
     }
 

@@ -15,6 +15,21 @@ use crate::{
     Impairment, Mtu, Result, TapReceiver, DEVICE_ATTR,
 };
 
+/// A NIC's part in sharing its address or interface ([`Device::sharing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sharing {
+    /// Its slot: the top [`frames::SLOT_BITS`] bits of its QP numbers and
+    /// of its connection manager's IDs.
+    pub slot: u32,
+    /// Packets it received for another slot's NIC and handed on.
+    pub relayed: u64,
+    /// Packets it received for another slot's NIC that could take no more
+    /// (its inbox full): dropped, as a full receive queue drops them. A
+    /// packet for a slot no NIC holds is this NIC's to count, as one for a
+    /// QP it does not have.
+    pub undeliverable: u64,
+}
+
 /// A software RoCE v2 NIC on one IP address.
 #[derive(Clone)]
 pub struct Device {
@@ -31,21 +46,30 @@ impl fmt::Debug for Device {
 
 impl Device {
     /// Open a NIC on `addr` (IPv4 or IPv6): bind UDP port 4791 there and start
-    /// its engine thread, configured by the environment ([`Config`]).
+    /// its engine thread, configured by the environment ([`Config`]). If
+    /// another NIC (of this process or another) holds the address, the new
+    /// one shares it, as a host's processes share its addresses: the first
+    /// hands on the packets that are the new one's (see
+    /// [`Device::sharing`]).
     pub fn open(addr: IpAddr) -> Result<Device> {
         Device::open_with(addr, &Config::from_env()?)
     }
 
     /// [`Device::open`] configured by `config` rather than the environment.
     pub fn open_with(addr: IpAddr, config: &Config) -> Result<Device> {
-        Device::start(addr, None, config)
+        Device::start(addr, None, config, true)
     }
 
     /// Start a NIC's engine on `addr`, on `iface` if given, recording to
     /// `config.pcap` if it names a file, its egress impaired as
     /// `config.impair` says.
-    fn start(addr: IpAddr, iface: Option<&frames::Interface>, config: &Config) -> Result<Device> {
-        let engine = Engine::start(addr, iface, secret()?, config)?;
+    pub(crate) fn start(
+        addr: IpAddr,
+        iface: Option<&frames::Interface>,
+        config: &Config,
+        share: bool,
+    ) -> Result<Device> {
+        let engine = Engine::start(addr, iface, secret()?, config, share)?;
         let dev = Device {
             engine: Arc::new(engine),
         };
@@ -89,7 +113,7 @@ impl Device {
     /// environment.
     pub fn open_on_interface_with(name: &str, config: &Config) -> Result<Device> {
         let iface = frames::Interface::find(name)?;
-        Device::start(iface.addr(), Some(&iface), config)
+        Device::start(iface.addr(), Some(&iface), config, true)
     }
 
     /// Record every packet of this device in the pcap file at `path` (devices
@@ -114,13 +138,24 @@ impl Device {
             return Device::open_with(a, config);
         }
         for addr in loopback_addrs() {
-            match Device::open_with(addr, config) {
+            match Device::start(addr, None, config, false) {
                 Ok(d) => return Ok(d),
                 Err(Error::Io(e)) if e.kind() == io::ErrorKind::AddrInUse => continue,
                 Err(e) => return Err(e),
             }
         }
         Err(Error::NoFreeAddress)
+    }
+
+    /// This NIC's part in sharing its address (on the UDP transport) or
+    /// interface (on the frame transport) with other NICs, of this process
+    /// or others, as a host's processes share its addresses.
+    pub fn sharing(&self) -> Result<Sharing> {
+        Ok(self.engine.call(|st| Sharing {
+            slot: st.relay.own.slot,
+            relayed: st.relay.relayed,
+            undeliverable: st.relay.undeliverable,
+        })?)
     }
 
     /// The NIC's IP address.

@@ -353,39 +353,10 @@ fn addrs_of(name: &str) -> io::Result<Vec<IpAddr>> {
     Ok(found)
 }
 
-/// How many top bits of a QP number say which NIC on an interface it is
-/// on: up to 16 NICs (processes) share an interface, and each QP number
-/// keeps 20 random bits.
+/// How many top bits of a QP number say which NIC on an interface (or an
+/// address: see `engine::relay`) it is on: up to 16 NICs (processes)
+/// share one, and each QP number keeps 20 random bits.
 pub const SLOT_BITS: u32 = 4;
-
-/// Claim the first free slot of the QP number space on `iface`, for as
-/// long as the returned socket is open: an abstract Unix socket named
-/// after the interface and the slot (abstract names belong to the network
-/// namespace, as the interface does, and the kernel frees a name when its
-/// last descriptor closes, however the process ended).
-pub(crate) fn claim_slot(
-    iface: &Interface,
-) -> io::Result<(QpnSlot, std::os::unix::net::UnixDatagram)> {
-    for slot in 0..1 << SLOT_BITS {
-        let name = format!("rnic/qpn-slot/{}/{slot}", iface.name);
-        match crate::engine::bind_abstract(&name) {
-            Ok(s) => {
-                let bits = SLOT_BITS;
-                return Ok((QpnSlot { slot, bits }, s));
-            }
-            Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrInUse,
-        format!(
-            "{} NICs already run on {}; no slot of QP numbers is free",
-            1 << SLOT_BITS,
-            iface.name
-        ),
-    ))
-}
 
 /// The packet socket on an interface, filtered to the RoCE v2 packets
 /// for `addrs` (the NIC's).

@@ -85,7 +85,7 @@ pub use ah::AddressHandle;
 pub use channel::{AsyncEventQueue, CompletionChannel};
 pub use config::Config;
 pub use cq::CompletionQueue;
-pub use device::{gid_of, loopback_addrs, parse_env_addr, Device, PortAttr};
+pub use device::{gid_of, loopback_addrs, parse_env_addr, Device, PortAttr, Sharing};
 pub use engine::{nic_on, reserve_loopback, reserve_loopback_for_exec, TapEvent};
 pub use error::{Error, Result};
 pub use impair::{ImpairStats, Impairment};

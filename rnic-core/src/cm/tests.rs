@@ -16,6 +16,8 @@ struct Pair {
     log: Vec<(IpAddr, IpAddr, &'static str)>,
     /// Their transaction IDs.
     tids: Vec<u64>,
+    /// Each delivered or dropped MAD as it was parsed, with its receiver.
+    mads: Vec<(IpAddr, Mad)>,
 }
 
 fn agent(guid: u64, seed: u64) -> CmAgent {
@@ -68,6 +70,7 @@ impl Pair {
             now: Time::ZERO,
             log: Vec::new(),
             tids: Vec::new(),
+            mads: Vec::new(),
         }
     }
 
@@ -94,6 +97,7 @@ impl Pair {
                     let name = mad.message.name();
                     self.log.push((from, to, name));
                     self.tids.push(mad.header.transaction_id);
+                    self.mads.push((to, parsed));
                     if !drop(name) {
                         dst.on_mad(self.now, from, &parsed);
                     }
@@ -203,6 +207,59 @@ fn req_rep_rtu_establish_and_dreq_drep_close_both_ways() {
         assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
         assert_eq!(p.a.next_deadline(), None);
     }
+}
+
+/// Agents that share an address draw their IDs from their own slot, and
+/// every message but a request names its receiver's ID: a driver can hand
+/// each MAD to its agent by the ID's top bits, a request by its service.
+#[test]
+fn every_mad_names_its_receiver_by_service_or_by_an_id_of_its_slot() {
+    let slot_of = |to: IpAddr| if to == A { 0x3 } else { 0x9 };
+    for active_closes in [true, false] {
+        let mut p = Pair::new();
+        p.a.restrict_ids(slot_of(A), 4);
+        p.b.restrict_ids(slot_of(B), 4);
+        let (a_id, b_id) = p.establish();
+        assert_eq!((a_id.0 >> 28, b_id.0 >> 28), (0x3, 0x9));
+        if active_closes {
+            p.a.disconnect(p.now, a_id).unwrap();
+        } else {
+            p.b.disconnect(p.now, b_id).unwrap();
+        }
+        p.run(|_| false);
+        let id = p.a.sidr_request(p.now, B, SERVICE, &[]).unwrap();
+        p.run(|_| false);
+        let Some(CmEvent::SidrRequest { id: sidr, .. }) = p.b.take_events().last() else {
+            panic!("no SIDR request");
+        };
+        p.b.sidr_reply(sidr, sidr_status::VALID, 0x16, 1, &[])
+            .unwrap();
+        p.run(|_| false);
+        assert_eq!(id.0 >> 28, 0x3);
+        let names: Vec<_> = p.mads.iter().map(|(_, m)| m.message.name()).collect();
+        assert_eq!(
+            names,
+            ["REQ", "REP", "RTU", "DREQ", "DREP", "SIDR_REQ", "SIDR_REP"]
+        );
+        for (to, mad) in &p.mads {
+            match addressee(mad) {
+                Some(Addressee::Service(s)) => {
+                    assert!(matches!(mad.message, Message::Req(_) | Message::SidrReq(_)));
+                    assert_eq!(s, SERVICE);
+                }
+                Some(Addressee::Agent(id)) => assert_eq!(id >> 28, slot_of(*to), "{mad:?}"),
+                None => panic!("{mad:?} names nobody"),
+            }
+        }
+    }
+    // A REJ of a REQ nobody listens for names the REQ's sender.
+    let mut p = Pair::new();
+    p.a.restrict_ids(0xF, 4);
+    p.b.unlisten(SERVICE);
+    p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let (_, rej) = p.mads.last().unwrap();
+    assert!(matches!(addressee(rej), Some(Addressee::Agent(id)) if id >> 28 == 0xF));
 }
 
 #[test]

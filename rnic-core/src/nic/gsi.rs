@@ -68,11 +68,17 @@ impl Nic {
 
     fn gsi(&mut self) -> &mut Gsi {
         let addr = self.addrs[0];
-        let qpns = &mut self.qpns;
-        self.gsi.get_or_insert_with(|| Gsi {
-            agent: CmAgent::new(crate::device::node_guid(addr), qpns.split()),
-            psn: Psn::new(0),
-            deadline: None,
+        let (qpns, slot) = (&mut self.qpns, self.slot);
+        self.gsi.get_or_insert_with(|| {
+            let mut agent = CmAgent::new(crate::device::node_guid(addr), qpns.split());
+            if let Some((slot, bits)) = slot {
+                agent.restrict_ids(slot, bits);
+            }
+            Gsi {
+                agent,
+                psn: Psn::new(0),
+                deadline: None,
+            }
         })
     }
 
@@ -278,6 +284,47 @@ mod tests {
         fn events(&mut self, i: usize) -> Vec<CmEvent> {
             std::iter::from_fn(|| self.nics[i].poll_cm_event()).collect()
         }
+    }
+
+    /// A NIC in a slot of the QP number space draws its CM IDs from the same
+    /// slot, and the packets its peer sends name them: what a driver that
+    /// shares an address between NICs reads ([`crate::cm::packet_addressee`]).
+    #[test]
+    fn a_nic_in_a_slot_is_named_by_its_peer_s_cm_packets() {
+        use crate::cm::{packet_addressee, Addressee};
+        let mut w = Wire::new();
+        w.nics[0].restrict_qpns(0x5, 4).unwrap();
+        w.nics[1].restrict_qpns(0xC, 4).unwrap();
+        w.nics[1].cm().listen(SERVICE).unwrap();
+        let id_a = w.nics[0]
+            .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &connect_params()))
+            .unwrap();
+        assert_eq!(id_a.0 >> 28, 0x5);
+        w.run();
+        let [CmEvent::Request { id: id_b, .. }] = w.events(1)[..] else {
+            panic!("B saw no REQ");
+        };
+        assert_eq!(id_b.0 >> 28, 0xC);
+        w.nics[1]
+            .cm_call(Time::ZERO, |cm, _| cm.reject(id_b, 28, b"no"))
+            .unwrap();
+        w.run();
+        let names: Vec<_> = w
+            .seen
+            .iter()
+            .map(|d| packet_addressee(&d.payload))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                Some(Addressee::Service(SERVICE)),
+                Some(Addressee::Agent(id_a.0))
+            ]
+        );
+        // Not a CM packet: nobody's.
+        assert_eq!(packet_addressee(&w.seen[0].payload[..20]), None);
+        // Too late once the CM has drawn IDs.
+        assert!(w.nics[0].restrict_qpns(0x6, 4).is_err());
     }
 
     /// REQ, REP and RTU cross the simulated wire as UD packets between the

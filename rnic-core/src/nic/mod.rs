@@ -102,6 +102,9 @@ pub struct Nic {
     gsi: Option<gsi::Gsi>,
     gsi_counters: gsi::GsiCounters,
     gsi_port: u16,
+    /// The slot of the QP number space ([`Nic::restrict_qpns`]): the
+    /// communication manager's IDs are drawn from the same slot of theirs.
+    slot: Option<(u32, u32)>,
 }
 
 pub use gsi::GsiCounters;
@@ -157,6 +160,7 @@ impl Nic {
             gsi: None,
             gsi_counters: GsiCounters::default(),
             gsi_port: rnic_wire::mad::GSI_UDP_SOURCE_PORT,
+            slot: None,
         }
     }
 
@@ -280,11 +284,15 @@ impl Nic {
     /// Hand out only QP numbers whose top `bits` bits are `slot`: the
     /// NIC's share of the QP number space when several NICs (processes)
     /// share one address and the packets for each are told apart by their
-    /// destination QP. The rest of each number stays random. Only before
-    /// the first QP; an error (and no change) after it, or for a slot that
-    /// does not fit in `bits` (at most 8).
+    /// destination QP. The rest of each number stays random. The
+    /// communication manager's IDs (communication IDs, SIDR request IDs)
+    /// take the same slot of theirs, so that a CM message, which names its
+    /// receiver's ID, is told apart the same way ([`crate::cm::addressee`]).
+    /// Only before the first QP and the first use of the CM; an error (and
+    /// no change) after them, or for a slot that does not fit in `bits` (at
+    /// most 8).
     pub fn restrict_qpns(&mut self, slot: u32, bits: u32) -> Result<(), VerbError> {
-        if self.qps.iter().next().is_some() || bits > 8 || slot >> bits != 0 {
+        if self.qps.iter().next().is_some() || self.gsi.is_some() || bits > 8 || slot >> bits != 0 {
             return Err(VerbError::Unsupported(
                 "a QP number slot is set before the first QP, in at most 8 bits",
             ));
@@ -293,6 +301,7 @@ impl Nic {
         let lo = (slot << shift).max(QPNS.0);
         let hi = (((slot + 1) << shift) - 1).min(QPNS.1);
         self.qpns.set_range(lo, hi);
+        self.slot = Some((slot, bits));
         Ok(())
     }
 

@@ -41,6 +41,7 @@ mod exit;
 mod hold;
 mod observe;
 mod receive;
+pub(crate) mod relay;
 // CPU affinity and scheduling, which std and rustix do not wrap.
 #[allow(unsafe_code)]
 pub(crate) mod sched;
@@ -70,7 +71,7 @@ use crate::Config;
 
 use exit::register;
 pub use observe::TapEvent;
-use shared::Shared;
+use shared::{Inbox, Shared};
 pub(crate) use sockets::bind_abstract;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub use sockets::{nic_on, reserve_loopback, reserve_loopback_for_exec};
@@ -89,9 +90,6 @@ pub(crate) struct Engine {
     pub addrs: Vec<IpAddr>,
     /// The same in GID table order ([`crate::frames::Interface::gids`]).
     pub gids: Vec<IpAddr>,
-    /// On the frame transport, what holds this NIC's slot of the QP
-    /// number space on the interface while it lives.
-    _slot_claim: Option<std::os::unix::net::UnixDatagram>,
     /// On the UDP transport with a response socket, what holds the address
     /// for this NIC while it lives (its sockets let others join: see
     /// [`claim_udp`]).
@@ -105,12 +103,15 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// Bind `addr`:4791 and start the engine thread, taking packets in from
-    /// `iface` through a frame socket if given (see `frames`).
+    /// `iface` through a frame socket if given (see `frames`). On the UDP
+    /// transport, with `share`, a NIC on an address another NIC holds
+    /// shares it (see [`relay`]); without, that is `AddrInUse`.
     pub fn start(
         addr: IpAddr,
         iface: Option<&crate::frames::Interface>,
         secret: rnic_core::rng::SecretRng,
         config: &Config,
+        share: bool,
     ) -> io::Result<Engine> {
         // The NIC's addresses: the interface's (its own first), or `addr`.
         let mut addrs = vec![addr];
@@ -124,13 +125,30 @@ impl Engine {
         // own where the kernel steers them: the two sockets share the port
         // (SO_REUSEPORT), and a claim keeps the address this NIC's.
         let steer_when_staying = config.response_socket;
-        let split = iface.is_none();
-        let udp_claim = if split {
-            Some(claim_udp(addr, scope)?)
+        let udp = iface.is_none();
+        // A NIC on an address another holds receives what that one hands
+        // on, and sends from a port of its own.
+        let (udp_claim, joined) = if udp {
+            match claim_udp(addr, scope) {
+                Ok(c) => (Some(c), false),
+                Err(e) if share && e.kind() == io::ErrorKind::AddrInUse => (None, true),
+                Err(e) => return Err(e),
+            }
         } else {
-            None
+            (None, false)
         };
-        let socket = open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared || split)?;
+        let split = udp && !joined;
+        // Every NIC takes a slot of its address's (or interface's) QP
+        // numbers: others may come to share it.
+        let medium = iface.map_or_else(|| relay::udp_medium(addr, scope), |i| i.name.clone());
+        let (slot, inbox) = relay::claim_slot(&medium)?;
+        let socket = if joined {
+            let s = open_socket_shared(addr, 0, scope_of(addr), false)?;
+            crate::frames::receive_nothing(&s)?;
+            s
+        } else {
+            open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared || split)?
+        };
         let responses = if split {
             let r = open_socket_shared(addr, ROCE_PORT, scope_of(addr), true)?;
             // Not steered until the engine thread leaves responses to pollers.
@@ -151,16 +169,12 @@ impl Engine {
         for &a in &addrs[1..] {
             nic.add_addr(a);
         }
-        let mut slot_claim = None;
+        nic.restrict_qpns(slot.slot, slot.bits)
+            .map_err(|e| io::Error::other(e.to_string()))?;
         let frames = match iface {
             Some(i) => {
                 // Other processes' NICs may be on this interface too: this
-                // one takes a slot of the QP number space, and its frame
-                // socket only the packets to its QPs.
-                let (slot, claim) = crate::frames::claim_slot(i)?;
-                nic.restrict_qpns(slot.slot, slot.bits)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                slot_claim = Some(claim);
+                // one's frame socket takes only the packets to its QPs.
                 let f = crate::frames::open(i, &addrs, Some(slot))?;
                 crate::frames::receive_nothing(&socket)?;
                 // Port 4791 of every other address: bound, so that the
@@ -200,17 +214,26 @@ impl Engine {
         let wake = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         let span = tracing::info_span!("rnic_engine", %addr);
         let start = Instant::now();
-        // Packets of QPs without a port of their own leave from 4791.
-        nic.set_udp_source_port(Some(ROCE_PORT));
+        // Packets of QPs without a port of their own leave from 4791 (from
+        // the NIC's own port, on an address it shares).
+        nic.set_udp_source_port(Some(socket.local_addr()?.port()));
         // On the UDP transport a peer's GSO send arrives whole where the
         // kernel can (GRO), one receive for what took one send.
-        let rx = if frames.is_none() && crate::udp::enable_gro(socket.as_fd()).is_ok() {
+        let rx = if split && crate::udp::enable_gro(socket.as_fd()).is_ok() {
             crate::udp::RecvBatch::with_gro()
         } else {
             crate::udp::RecvBatch::new()
         };
-        let gso = gso_default(addr, iface.is_some(), config.gso);
-        let state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, gso);
+        let inlet = if joined {
+            Inbox::Main
+        } else if iface.is_some() && slot.slot != 0 {
+            Inbox::Side
+        } else {
+            Inbox::Unread
+        };
+        let relay = relay::Relay::new(slot, medium, split)?;
+        let mut state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, relay);
+        state.gso = gso_default(addr, iface.is_some(), config.gso);
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             socket,
@@ -222,6 +245,8 @@ impl Engine {
             #[cfg(test)]
             pinned_steering: std::sync::atomic::AtomicU8::new(0),
             frames,
+            inbox,
+            inlet,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
             deadline: AtomicU64::new(u64::MAX),
@@ -268,7 +293,6 @@ impl Engine {
             thread: Some(thread),
             addr,
             gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
-            _slot_claim: slot_claim,
             _udp_claim: udp_claim,
             addrs,
             link_mtu: link_mtu(addr, iface),

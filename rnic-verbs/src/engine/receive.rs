@@ -13,23 +13,27 @@ use std::os::fd::{AsFd, BorrowedFd};
 use rnic_core::Datagram;
 use rnic_wire::encap::LinkType;
 
+use super::relay::{Relayed, Target};
 use super::state::EngineState;
 
-/// Where the engine receives: the UDP socket on port 4791, or a frame
-/// socket on an interface (see `frames`).
+/// Where the engine receives: the UDP socket on port 4791, a frame socket
+/// on an interface (see `frames`), or the inbox where the NIC that
+/// receives its address's packets hands on this NIC's (see [`super::relay`]).
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Rx<'a> {
     /// A UDP socket on port 4791.
     Udp(&'a UdpSocket),
     /// A frame socket on an interface.
     Frames(BorrowedFd<'a>),
+    /// The NIC's slot's inbox.
+    Relayed(BorrowedFd<'a>),
 }
 
 impl<'a> Rx<'a> {
     pub(super) fn fd(self) -> BorrowedFd<'a> {
         match self {
             Rx::Udp(s) => s.as_fd(),
-            Rx::Frames(f) => f,
+            Rx::Frames(f) | Rx::Relayed(f) => f,
         }
     }
 }
@@ -97,36 +101,57 @@ impl EngineState {
         let now = self.now();
         for i in 0..n {
             // The IB packets (BTH onwards; more than one where GRO joined
-            // datagrams), and where they came from.
-            let (packets, source) = match rx {
-                Rx::Udp(_) => match self.rx.get(i) {
-                    Some((p, from)) => (p, Source::Udp(from)),
-                    None => {
-                        got.packets += 1;
-                        self.nic.count_malformed();
-                        continue;
+            // datagrams), and where they came from. Another slot's packets
+            // (the address's or interface's other NICs') are handed on.
+            let received = match rx {
+                Rx::Udp(_) => self.rx.get(i).map(|(p, from)| (p, Source::Udp(from))),
+                Rx::Frames(_) => self.rx.frame(i).map(|f| {
+                    let p = crate::frames::ib_packet(f);
+                    (p.chunks(p.len().max(1)), Source::Frame(f))
+                }),
+                Rx::Relayed(_) => match self.rx.frame(i).and_then(super::relay::decode) {
+                    Some(Relayed::Udp(from, p)) => {
+                        Some((p.chunks(p.len().max(1)), Source::Udp(from)))
                     }
-                },
-                Rx::Frames(_) => match self.rx.frame(i) {
-                    Some(f) => {
+                    Some(Relayed::Frame(f)) => {
                         let p = crate::frames::ib_packet(f);
-                        if p.is_empty() {
-                            // Not RoCE: the NIC says what it is, and counts it.
-                            got.packets += 1;
-                            self.nic.handle_frame(now, LinkType::RawIp, f);
-                            continue;
-                        }
-                        (p.chunks(p.len()), Source::Frame(f))
+                        Some((p.chunks(p.len().max(1)), Source::Frame(f)))
                     }
-                    None => {
-                        got.packets += 1;
-                        self.nic.count_malformed();
-                        continue;
-                    }
+                    None => None,
                 },
             };
+            let Some((packets, source)) = received else {
+                got.packets += 1;
+                self.nic.count_malformed();
+                continue;
+            };
+            if let Source::Frame(f) = source {
+                let p = crate::frames::ib_packet(f);
+                if p.is_empty() {
+                    // Not RoCE: the NIC says what it is, and counts it.
+                    got.packets += 1;
+                    self.nic.handle_frame(now, LinkType::RawIp, f);
+                    continue;
+                }
+                if !matches!(rx, Rx::Relayed(_)) {
+                    let to = self.relay.target(p);
+                    if let Target::Slot(slot) = to {
+                        if self.relay.relay_frame(slot, f) {
+                            got.packets += 1;
+                            continue;
+                        }
+                    }
+                }
+            }
             for payload in packets {
                 got.packets += 1;
+                if let (Rx::Udp(_), Source::Udp(from)) = (rx, source) {
+                    if let Target::Slot(slot) = self.relay.target(payload) {
+                        if self.relay.relay_udp(slot, from, payload) {
+                            continue;
+                        }
+                    }
+                }
                 // What the NIC read of the packet, with the addresses it
                 // carried (a frame's own). A UDP payload that does not
                 // parse is still shown, as the socket gave it.

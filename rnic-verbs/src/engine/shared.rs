@@ -40,6 +40,19 @@ use super::state::EngineState;
 /// (see [`Shared::steer`]).
 const STEER_DRAIN: usize = 8;
 
+/// What a NIC's slot's inbox brings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Inbox {
+    /// Every packet: the NIC shares an address on the UDP transport, and
+    /// the address's first NIC hands on this one's packets.
+    Main,
+    /// The CM messages for this NIC, which the interface's NIC in slot 0
+    /// receives (the frame transport).
+    Side,
+    /// Nothing: the NIC receives its packets itself.
+    Unread,
+}
+
 /// What the engine thread and the application's threads share.
 pub(super) struct Shared {
     pub(super) state: Mutex<EngineState>,
@@ -68,6 +81,11 @@ pub(super) struct Shared {
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     pub(super) frames: Option<OwnedFd>,
+    /// The inbox of the NIC's slot of its address or interface, and its
+    /// claim on the slot (see [`super::relay`]).
+    pub(super) inbox: std::os::unix::net::UnixDatagram,
+    /// Whether packets come in there.
+    pub(super) inlet: Inbox,
     /// Wakes the engine thread from poll(2).
     pub(super) wake: OwnedFd,
     /// When the engine thread means to wake up (ns on the engine's clock;
@@ -170,10 +188,17 @@ impl Shared {
 
     /// Where packets come in.
     pub(super) fn rx(&self) -> Rx<'_> {
-        match &self.frames {
-            Some(f) => Rx::Frames(f.as_fd()),
-            None => Rx::Udp(&self.socket),
+        match (&self.frames, self.inlet) {
+            (Some(f), _) => Rx::Frames(f.as_fd()),
+            (None, Inbox::Main) => Rx::Relayed(self.inbox.as_fd()),
+            (None, _) => Rx::Udp(&self.socket),
         }
+    }
+
+    /// Where the CM messages another NIC hands on come in, if not at
+    /// [`Shared::rx`]: the engine thread's alone to watch.
+    pub(super) fn side_rx(&self) -> Option<Rx<'_>> {
+        (self.inlet == Inbox::Side).then(|| Rx::Relayed(self.inbox.as_fd()))
     }
 
     /// Now, in ns on the engine's clock, without the lock.

@@ -74,6 +74,9 @@ pub(crate) struct EngineState {
     /// Whether runs of datagrams go out as UDP GSO sends (see
     /// [`super::egress`]).
     pub gso: bool,
+    /// The NIC's slot of its address or interface, and the other slots'
+    /// packets it hands on.
+    pub(crate) relay: super::relay::Relay,
     /// Datagrams per message of the run being sent, reused.
     pub(super) groups: Vec<usize>,
     /// The ICRC deltas for the last segment length sent.
@@ -98,9 +101,20 @@ pub(crate) struct EngineState {
 }
 
 impl EngineState {
+    /// What tells the NIC that receives this NIC's CM messages that it
+    /// listens on `service`, for as long as it is held (see
+    /// [`super::relay`]).
+    pub(crate) fn listening_on(
+        &self,
+        service: u64,
+    ) -> std::io::Result<std::os::unix::net::UnixDatagram> {
+        self.relay.route(service)
+    }
+
     /// The state of a NIC that sends from `send_sockets` (and the socket
-    /// the engine owns), receives into `rx`, and sends runs of datagrams as
-    /// GSO sends if `gso`.
+    /// the engine owns), receives into `rx`, and shares its address or
+    /// interface as `relay` says. It sends one datagram per message until
+    /// told it may send runs of them as GSO sends ([`EngineState::gso`]).
     pub(super) fn new(
         nic: Nic,
         start: Instant,
@@ -108,7 +122,7 @@ impl EngineState {
         scope: u32,
         span: tracing::Span,
         rx: crate::udp::RecvBatch,
-        gso: bool,
+        relay: super::relay::Relay,
     ) -> EngineState {
         EngineState {
             nic,
@@ -126,7 +140,8 @@ impl EngineState {
             tx: Vec::with_capacity(crate::udp::BATCH),
             impair: None,
             rx,
-            gso,
+            relay,
+            gso: false,
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
             hold: Hold::default(),

@@ -112,7 +112,10 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
         // handled under the lock.
         let (mut received, mut unpolled) = (0, 0);
         let responses = sh.responses_rx().filter(|_| !leave_responses);
-        for rx in std::iter::once(sh.rx()).chain(responses) {
+        for rx in std::iter::once(sh.rx())
+            .chain(responses)
+            .chain(sh.side_rx())
+        {
             loop {
                 // Handed on fairly: a thread waiting to post or poll gets
                 // the lock before the next batch of a flood.
@@ -195,12 +198,13 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
             Some(r) if !leave_responses || sh.sleeper.load(Ordering::SeqCst) => Some(r),
             _ => None,
         };
-        let mut fds = [
-            PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
-            PollFd::new(&sh.wake, PollFlags::IN),
-            PollFd::from_borrowed_fd(responses.unwrap_or(sh.rx()).fd(), PollFlags::IN),
-        ];
-        let watched = if responses.is_some() { 3 } else { 2 };
+        let mut fds = [sh.rx(); 4].map(|rx| PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN));
+        fds[1] = PollFd::new(&sh.wake, PollFlags::IN);
+        let mut watched = 2;
+        for rx in responses.into_iter().chain(sh.side_rx()) {
+            fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
+            watched += 1;
+        }
         sleep(sh, &mut fds[..watched], timeout);
         sh.responses_left.store(false, Ordering::SeqCst);
     }

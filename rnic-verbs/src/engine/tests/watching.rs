@@ -198,26 +198,38 @@ fn responses_keep_their_order_when_steering_starts_and_stops() {
 }
 
 /// A NIC's port 4791 is its own while it lives, though its two sockets
-/// let sockets that ask for SO_REUSEPORT join them: another NIC on the
-/// address is refused (the claim), as is a plain socket (the kernel).
+/// let sockets that ask for SO_REUSEPORT join them: a plain socket is
+/// refused (the kernel), a NIC that must have an address of its own skips
+/// it (the claim: `open_loopback`), and one opened on it shares it, taking
+/// the next slot of its QP numbers.
 #[test]
 fn a_nic_s_address_is_its_own_while_it_lives() {
     // Outside the range `open_loopback` takes from, so that no test
     // running beside this one takes the address while it is free.
     let addr = IpAddr::from([127, 0, 33, 1]);
     let d = Device::open(addr).unwrap();
-    match Device::open(addr) {
+    match Device::start(addr, None, &crate::Config::default(), false) {
         Err(Error::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "{e}"),
-        other => panic!("a second NIC on {addr}: {:?}", other.map(|d| d.addr())),
+        other => panic!(
+            "a second NIC of its own on {addr}: {:?}",
+            other.map(|d| d.addr())
+        ),
     }
     let port = std::net::SocketAddr::new(addr, crate::engine::ROCE_PORT);
     assert_eq!(
         std::net::UdpSocket::bind(port).unwrap_err().kind(),
         io::ErrorKind::AddrInUse
     );
-    drop(d);
-    let again = Device::open(addr).expect("free once the NIC is gone");
+    let shared = Device::open(addr).unwrap();
+    assert_eq!(shared.addr(), addr);
+    assert_eq!(
+        (d.sharing().unwrap().slot, shared.sharing().unwrap().slot),
+        (0, 1)
+    );
+    drop((d, shared));
+    let again = Device::open(addr).expect("free once the NICs are gone");
     assert_eq!(again.addr(), addr);
+    assert_eq!(again.sharing().unwrap().slot, 0);
 }
 
 #[test]
