@@ -186,3 +186,19 @@ fn packets_for_a_slot_nobody_holds_are_dropped_and_counted() {
     assert_eq!(first.sharing().unwrap().relayed, 0);
     let _ = mr;
 }
+
+/// The NIC that received the address's packets closes first: the other
+/// is told once (its connection ends) and goes on answering its program,
+/// neither spinning on the closed connection nor counting it as packets.
+#[test]
+fn the_first_nic_closing_leaves_the_others_quiet() {
+    let first = Device::open_loopback().unwrap();
+    let addr = first.addr();
+    let second = Device::open(addr).unwrap();
+    drop(first);
+    std::thread::sleep(Duration::from_millis(300));
+    let c = second.counters().unwrap();
+    assert_eq!((c.malformed, c.rcvd_pkts), (0, 0), "{c:?}");
+    let s = side(&second);
+    assert!(s.qp.qpn() >> 20 == 1);
+}

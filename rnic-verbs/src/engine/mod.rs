@@ -90,6 +90,9 @@ pub(crate) struct Engine {
     pub addrs: Vec<IpAddr>,
     /// The same in GID table order ([`crate::frames::Interface::gids`]).
     pub gids: Vec<IpAddr>,
+    /// What holds this NIC's slot of its address's or interface's QP
+    /// numbers while it lives (see [`relay`]).
+    _slot_claim: std::os::unix::net::UnixDatagram,
     /// On the UDP transport with a response socket, what holds the address
     /// for this NIC while it lives (its sockets let others join: see
     /// [`claim_udp`]).
@@ -141,7 +144,27 @@ impl Engine {
         // Every NIC takes a slot of its address's (or interface's) QP
         // numbers: others may come to share it.
         let medium = iface.map_or_else(|| relay::udp_medium(addr, scope), |i| i.name.clone());
-        let (slot, inbox) = relay::claim_slot(&medium)?;
+        let (slot, slot_claim) = relay::claim_slot(&medium)?;
+        // The NIC that receives the packets of the address (UDP) or of QP 1
+        // (the interface's slot 0) takes the others' connections; the others
+        // connect to it.
+        let relays = split || (iface.is_some() && slot.slot == 0);
+        let listener = relays.then(|| relay::listen(&medium)).transpose()?;
+        let inbox = if joined {
+            Some(relay::join(
+                &medium,
+                slot.slot,
+                std::time::Duration::from_secs(2),
+            )?)
+        } else if !relays {
+            let c = relay::join(&medium, slot.slot, std::time::Duration::from_millis(200));
+            if let Err(e) = &c {
+                tracing::warn!("no connection manager for this NIC: {e}");
+            }
+            c.ok()
+        } else {
+            None
+        };
         let socket = if joined {
             let s = open_socket_shared(addr, 0, scope_of(addr), false)?;
             crate::frames::receive_nothing(&s)?;
@@ -224,14 +247,13 @@ impl Engine {
         } else {
             crate::udp::RecvBatch::new()
         };
-        let inlet = if joined {
-            Inbox::Main
-        } else if iface.is_some() && slot.slot != 0 {
-            Inbox::Side
-        } else {
-            Inbox::Unread
+        let inlet = match (&inbox, joined) {
+            (Some(_), true) => Inbox::Main,
+            (Some(_), false) => Inbox::Side,
+            (None, _) => Inbox::Unread,
         };
-        let relay = relay::Relay::new(slot, medium, split)?;
+        let members = listener.as_ref().map(|l| l.try_clone()).transpose()?;
+        let relay = relay::Relay::new(slot, medium, split, members)?;
         let mut state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, relay);
         state.gso = gso_default(addr, iface.is_some(), config.gso);
         let shared = Arc::new(Shared {
@@ -247,6 +269,7 @@ impl Engine {
             frames,
             inbox,
             inlet,
+            listener,
             wake,
             sleeping_until: AtomicU64::new(u64::MAX),
             deadline: AtomicU64::new(u64::MAX),
@@ -293,6 +316,7 @@ impl Engine {
             thread: Some(thread),
             addr,
             gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
+            _slot_claim: slot_claim,
             _udp_claim: udp_claim,
             addrs,
             link_mtu: link_mtu(addr, iface),

@@ -3,8 +3,11 @@
 //! (its top `SLOT_BITS` bits, see [`rnic_core::Nic::restrict_qpns`]),
 //! and the CM's IDs take the same slot of theirs. Whoever receives the
 //! address's packets hands each one that is another slot's to that slot's
-//! NIC, through an abstract Unix datagram socket named after the slot (the
-//! slot's claim itself: it vanishes with its holder, however it ends):
+//! NIC, over a Unix `SOCK_SEQPACKET` connection the other NIC opened to it
+//! at its start (to an abstract name after the address or interface):
+//! unlike a datagram socket's, a connection's queue is bounded by bytes
+//! (the socket buffers), not by `net.unix.max_dgram_qlen` datagrams (10 by
+//! default), which a burst of a bandwidth test overruns at once.
 //!
 //! - on the UDP transport, the address's first NIC (the one holding port
 //!   4791) receives everything and relays the other slots' packets, data
@@ -21,7 +24,11 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
 
 use rnic_core::cm::{packet_addressee, Addressee};
 
@@ -41,9 +48,65 @@ fn abstract_addr(name: &str) -> io::Result<std::os::unix::net::SocketAddr> {
     std::os::unix::net::SocketAddr::from_abstract_name(name)
 }
 
-/// The name of `slot`'s claim on `medium`, which is its inbox.
-fn inbox_name(medium: &str, slot: u32) -> String {
+/// The name of `slot`'s claim on `medium`.
+fn slot_name(medium: &str, slot: u32) -> String {
     format!("rnic/qpn-slot/{medium}/{slot}")
+}
+
+/// Where the NIC that receives `medium`'s packets takes connections.
+fn relay_name(medium: &str) -> String {
+    format!("rnic/relay/{medium}")
+}
+
+fn seqpacket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?)
+}
+
+/// Take connections from the other NICs of `medium`, as the NIC that
+/// receives its packets: a listening socket, non-blocking.
+pub(crate) fn listen(medium: &str) -> io::Result<OwnedFd> {
+    let fd = seqpacket()?;
+    rustix::net::bind(
+        &fd,
+        &SocketAddrUnix::new_abstract_name(relay_name(medium).as_bytes())?,
+    )?;
+    rustix::net::listen(&fd, 16)?;
+    rustix::io::ioctl_fionbio(&fd, true)?;
+    Ok(fd)
+}
+
+/// Connect to the NIC that receives `medium`'s packets, as the NIC in
+/// `slot`: the connection its packets come in on (non-blocking). That NIC
+/// may still be starting: tried for up to `patience`.
+pub(crate) fn join(medium: &str, slot: u32, patience: Duration) -> io::Result<OwnedFd> {
+    let name = SocketAddrUnix::new_abstract_name(relay_name(medium).as_bytes())?;
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let fd = seqpacket()?;
+        match rustix::net::connect(&fd, &name) {
+            Ok(()) => {
+                rustix::net::send(&fd, &slot.to_be_bytes(), SendFlags::NOSIGNAL)?;
+                rustix::io::ioctl_fionbio(&fd, true)?;
+                crate::udp::ask_recv_buffer(fd.as_fd());
+                return Ok(fd);
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::trace!("the relay of {medium} is not there yet: {e}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::Error::from(e).kind(),
+                    format!("no NIC receives the packets of {medium}"),
+                ))
+            }
+        }
+    }
 }
 
 /// The name `slot`'s NIC holds while it listens on `service`.
@@ -53,13 +116,11 @@ fn route_name(medium: &str, service: u64, slot: u32) -> String {
 
 /// Take the first free slot of `medium`'s QP number space (an interface's
 /// name, or [`udp_medium`] of an address), for as long as the returned
-/// socket is open: it is the slot's inbox, where relayed packets arrive.
+/// socket is open.
 pub(crate) fn claim_slot(medium: &str) -> io::Result<(QpnSlot, UnixDatagram)> {
     for slot in 0..1 << SLOT_BITS {
-        match super::bind_abstract(&inbox_name(medium, slot)) {
+        match super::bind_abstract(&slot_name(medium, slot)) {
             Ok(s) => {
-                s.set_nonblocking(true)?;
-                crate::udp::ask_recv_buffer(std::os::fd::AsFd::as_fd(&s));
                 let bits = SLOT_BITS;
                 return Ok((QpnSlot { slot, bits }, s));
             }
@@ -92,8 +153,10 @@ pub(crate) struct Relay {
     /// Whether packets to other slots' QPs come in here (the UDP
     /// transport's first NIC), not just QP 1's.
     data: bool,
-    /// Sends to other slots' inboxes; unbound.
-    out: UnixDatagram,
+    /// The connection of each other slot's NIC, by slot.
+    members: Vec<Option<OwnedFd>>,
+    /// Where they connect, if this NIC receives their packets ([`listen`]).
+    listener: Option<OwnedFd>,
     /// Looks for a service's listener (connected to its route, if any).
     probe: UnixDatagram,
     /// A relayed message being built.
@@ -115,16 +178,21 @@ pub(crate) enum Target {
 }
 
 impl Relay {
-    /// The part of the NIC in slot `own` of `medium`; `data`: it receives
-    /// packets to other slots' QPs too.
-    pub(crate) fn new(own: QpnSlot, medium: String, data: bool) -> io::Result<Relay> {
-        let out = UnixDatagram::unbound()?;
-        out.set_nonblocking(true)?;
+    /// The part of the NIC in slot `own` of `medium`, which takes the
+    /// other NICs' connections at `listener` if it receives their packets;
+    /// `data`: it receives packets to other slots' QPs too, not only QP 1's.
+    pub(crate) fn new(
+        own: QpnSlot,
+        medium: String,
+        data: bool,
+        listener: Option<OwnedFd>,
+    ) -> io::Result<Relay> {
         Ok(Relay {
             own,
             medium,
             data,
-            out,
+            members: (0..1 << own.bits).map(|_| None).collect(),
+            listener,
             probe: UnixDatagram::unbound()?,
             buf: Vec::new(),
             relayed: 0,
@@ -205,13 +273,50 @@ impl Relay {
     }
 
     fn send(&mut self, slot: u32) -> bool {
-        let to = abstract_addr(&inbox_name(&self.medium, slot));
-        match to.and_then(|a| self.out.send_to_addr(&self.buf, &a)) {
+        if self.members.get(slot as usize).is_some_and(Option::is_none) {
+            // It may have connected since the engine thread last looked.
+            self.accept();
+        }
+        let Some(Some(c)) = self.members.get(slot as usize) else {
+            return false;
+        };
+        let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+        match rustix::net::send(c, &self.buf, flags) {
             Ok(_) => self.relayed += 1,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.undeliverable += 1,
-            Err(_) => return false,
+            Err(rustix::io::Errno::AGAIN) => self.undeliverable += 1,
+            Err(_) => {
+                // Gone: its slot is free again.
+                self.members[slot as usize] = None;
+                return false;
+            }
         }
         true
+    }
+
+    /// Take the connections other NICs opened (see [`join`]): each says
+    /// its slot first.
+    pub(crate) fn accept(&mut self) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        while let Ok(c) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
+            // Its slot, sent right after it connected.
+            let _ = rustix::net::sockopt::set_socket_timeout(
+                &c,
+                rustix::net::sockopt::Timeout::Recv,
+                Some(Duration::from_millis(200)),
+            );
+            let mut slot = [0u8; 4];
+            let said = rustix::net::recv(&c, &mut slot, RecvFlags::empty());
+            let slot = u32::from_be_bytes(slot) as usize;
+            if !matches!(said, Ok((_, 4))) || slot >= self.members.len() {
+                continue;
+            }
+            let _ = rustix::io::ioctl_fionbio(&c, true);
+            let _ =
+                rustix::net::sockopt::set_socket_send_buffer_size(&c, crate::udp::SOCKET_BUFFER);
+            self.members[slot] = Some(c);
+        }
     }
 }
 

@@ -26,12 +26,13 @@
 //! (`docs/performance.md` has the figures).
 
 use std::net::UdpSocket;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 use rnic_core::time::Time;
+use rustix::event::{eventfd, EventfdFlags};
 
 use super::receive::Rx;
 use super::state::EngineState;
@@ -81,11 +82,15 @@ pub(super) struct Shared {
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     pub(super) frames: Option<OwnedFd>,
-    /// The inbox of the NIC's slot of its address or interface, and its
-    /// claim on the slot (see [`super::relay`]).
-    pub(super) inbox: std::os::unix::net::UnixDatagram,
-    /// Whether packets come in there.
+    /// The connection to the NIC that receives this one's packets, if
+    /// another does (see [`super::relay`]).
+    pub(super) inbox: Option<OwnedFd>,
+    /// What comes in there.
     pub(super) inlet: Inbox,
+    /// Where the other NICs of the address or interface connect, if this
+    /// one receives their packets (the relay's own copy is used under the
+    /// lock; this one is watched without it).
+    pub(super) listener: Option<OwnedFd>,
     /// Wakes the engine thread from poll(2).
     pub(super) wake: OwnedFd,
     /// When the engine thread means to wake up (ns on the engine's clock;
@@ -190,7 +195,10 @@ impl Shared {
     pub(super) fn rx(&self) -> Rx<'_> {
         match (&self.frames, self.inlet) {
             (Some(f), _) => Rx::Frames(f.as_fd()),
-            (None, Inbox::Main) => Rx::Relayed(self.inbox.as_fd()),
+            (None, Inbox::Main) => match &self.inbox {
+                Some(i) => Rx::Relayed(i.as_fd()),
+                None => Rx::Udp(&self.socket),
+            },
             (None, _) => Rx::Udp(&self.socket),
         }
     }
@@ -198,7 +206,29 @@ impl Shared {
     /// Where the CM messages another NIC hands on come in, if not at
     /// [`Shared::rx`]: the engine thread's alone to watch.
     pub(super) fn side_rx(&self) -> Option<Rx<'_>> {
-        (self.inlet == Inbox::Side).then(|| Rx::Relayed(self.inbox.as_fd()))
+        match (&self.inbox, self.inlet) {
+            (Some(i), Inbox::Side) => Some(Rx::Relayed(i.as_fd())),
+            _ => None,
+        }
+    }
+
+    /// The NIC that received this one's packets has closed its end (it is
+    /// gone): nothing more comes in there. The descriptor is replaced by
+    /// one that never becomes readable (an eventfd nobody writes), so the
+    /// threads that watch or read it need not know.
+    #[allow(unsafe_code)]
+    pub(super) fn inbox_closed(&self) {
+        let Some(inbox) = &self.inbox else { return };
+        tracing::warn!(
+            "the NIC that received this address's packets has closed: this NIC receives no more"
+        );
+        if let Ok(quiet) = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC) {
+            // SAFETY: `inbox` is this struct's own descriptor, open for as
+            // long as it lives; dup3 replaces what it refers to atomically.
+            let mut target = unsafe { OwnedFd::from_raw_fd(inbox.as_raw_fd()) };
+            let _ = rustix::io::dup3(&quiet, &mut target, rustix::io::DupFlags::CLOEXEC);
+            std::mem::forget(target);
+        }
     }
 
     /// Now, in ns on the engine's clock, without the lock.

@@ -3,7 +3,7 @@
 //! timers, lingers where that pays (see [`super::sched`]) and otherwise
 //! sleeps in poll(2) until a datagram, a wake-up or the next deadline.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -205,7 +205,23 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
             fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
             watched += 1;
         }
+        // Another NIC of the address or interface connecting (see `relay`).
+        let joining = sh.listener.as_ref().map(|l| {
+            fds[watched] = PollFd::new(l, PollFlags::IN);
+            watched += 1;
+            watched - 1
+        });
         sleep(sh, &mut fds[..watched], timeout);
+        if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
+            sh.state.lock().relay.accept();
+        }
+        let inbox = sh.inbox.as_ref().map(|i| i.as_raw_fd());
+        if fds[..watched]
+            .iter()
+            .any(|f| Some(f.as_fd().as_raw_fd()) == inbox && f.revents().contains(PollFlags::HUP))
+        {
+            sh.inbox_closed();
+        }
         sh.responses_left.store(false, Ordering::SeqCst);
     }
 }
