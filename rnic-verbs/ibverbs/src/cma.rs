@@ -1210,8 +1210,15 @@ pub unsafe extern "C" fn rdma_establish(id: *mut cs::rdma_cm_id) -> c_int {
             return Err(libc::EINVAL);
         }
         let conn = i.state().conn.ok_or(libc::EINVAL)?;
-        i.ctx()?.nic.cm_ready(conn).map_err(|e| errno_of(&e))?;
+        // Marked before the RTU goes: the CM's ESTABLISHED for it may be
+        // read by another thread at once, and the kernel reports none to
+        // an active side that establishes itself (rping -q waits for its
+        // ping's answer and would take one for it).
         i.state().established = true;
+        if let Err(e) = i.ctx()?.nic.cm_ready(conn) {
+            i.state().established = false;
+            return Err(errno_of(&e));
+        }
         Ok(())
     })
 }
@@ -1501,8 +1508,13 @@ fn reply(i: &Id, rep: &Rep) -> Result<(), i32> {
         let _ = ctx.nic.cm_reject(conn, reason::CONSUMER_DEFINED, &[]);
         return Err(e);
     }
-    ctx.nic.cm_ready(conn).map_err(|e| errno_of(&e))?;
+    // Marked before the RTU goes (see `rdma_establish`): this REP is
+    // reported as ESTABLISHED, the CM's own ESTABLISHED for it is not.
     i.state().established = true;
+    if let Err(e) = ctx.nic.cm_ready(conn) {
+        i.state().established = false;
+        return Err(errno_of(&e));
+    }
     Ok(())
 }
 
