@@ -57,6 +57,12 @@ pub struct GsiCounters {
     /// MADs dropped: short, not base version 1, a management class other
     /// than the CM's, an attribute the CM does not define.
     pub dropped_bad_mad: u64,
+    /// rdma_cm requests (REQ, SIDR_REQ) dropped because the addresses in
+    /// their rdma_cm header are not the packet's: a source other than the
+    /// one it came from, or a destination that is not this NIC's (the
+    /// kernel's rdma_cm drops such a request too, having checked that the
+    /// header's addresses route over the interface it came in on).
+    pub dropped_false_addresses: u64,
 }
 
 impl Nic {
@@ -181,7 +187,29 @@ impl Nic {
         };
         self.counters.rcvd_pkts += 1;
         self.gsi_counters.mads_received += 1;
+        if !self.cma_addresses_hold(src, &mad) {
+            self.gsi_counters.dropped_false_addresses += 1;
+            return;
+        }
         self.cm_call(now, |cm, now| cm.on_mad(now, src, &mad));
+    }
+
+    /// Whether an rdma_cm request's header names the addresses the packet
+    /// came from and to (any other MAD: true).
+    fn cma_addresses_hold(&self, src: IpAddr, mad: &Mad) -> bool {
+        use rnic_wire::cm::{CmaHeader, Message, PortSpace};
+        let (service, data) = match &mad.message {
+            Message::Req(r) => (r.service_id, &r.private_data[..]),
+            Message::SidrReq(r) => (r.service_id, &r.private_data[..]),
+            _ => return true,
+        };
+        // rdma_cm's service IDs: 0x0000_0000_01PP_pppp (port space, port).
+        let rdma_cm =
+            service >> 24 == 1 && PortSpace::from_number((service >> 16) as u16).is_some();
+        match CmaHeader::parse(data) {
+            Some(h) if rdma_cm => h.src == src && self.addrs.contains(&h.dst),
+            _ => true,
+        }
     }
 
     /// The communication manager's timers, if due.
@@ -283,6 +311,44 @@ mod tests {
 
         fn events(&mut self, i: usize) -> Vec<CmEvent> {
             std::iter::from_fn(|| self.nics[i].poll_cm_event()).collect()
+        }
+    }
+
+    /// An rdma_cm request whose header lies about where it comes from, or
+    /// names an address that is not the listener's NIC's, is dropped and
+    /// counted: no request reaches the listener, nothing is answered. The
+    /// same request with its true addresses is taken.
+    #[test]
+    fn a_request_whose_rdma_cm_header_lies_is_dropped() {
+        use rnic_wire::cm::CmaHeader;
+        const C: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3));
+        for (src, dst, taken) in [(C, B, false), (A, C, false), (A, B, true)] {
+            let mut w = Wire::new();
+            w.nics[1].cm().listen(SERVICE).unwrap();
+            let mut p = connect_params();
+            p.private_data = vec![0; 56];
+            CmaHeader {
+                version: 0,
+                src_port: 4000,
+                src,
+                dst,
+            }
+            .emit(&mut p.private_data);
+            w.nics[0]
+                .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &p))
+                .unwrap();
+            w.run();
+            let got = w.events(1);
+            let g = w.nics[1].gsi_counters();
+            assert_eq!(g.mads_received, 1);
+            if taken {
+                assert!(matches!(got[..], [CmEvent::Request { .. }]), "{got:?}");
+                assert_eq!(g.dropped_false_addresses, 0);
+            } else {
+                assert!(got.is_empty(), "{got:?}");
+                assert_eq!(g.dropped_false_addresses, 1);
+                assert_eq!(g.mads_sent, 0, "nothing answered");
+            }
         }
     }
 
