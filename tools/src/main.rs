@@ -92,6 +92,13 @@ enum Command {
         /// (RNIC_IMPAIR does the same for any program on rnic).
         #[arg(long, value_name = "SPEC")]
         impair: Option<rnic_verbs::Impairment>,
+        /// Connect the queue pairs through the connection manager (REQ,
+        /// REP, RTU on QP1), as perftest's -R does: the server listens on
+        /// the rdma_cm port of the TCP port's number, each side's buffer
+        /// goes in the private data, and the path MTU and outstanding
+        /// READs are what the CM sets (the port's active MTU, 16).
+        #[arg(long, conflicts_with_all = ["mtu", "outs"])]
+        cm: bool,
     },
     /// In one run on loopback: rnic's bandwidth (WRITE, READ, SEND; 1 and 8
     /// QPs; 64 B to 1 MiB), round trips and message rate beside a TCP
@@ -279,6 +286,7 @@ fn main() -> ExitCode {
             mtu,
             json,
             impair,
+            cm,
         } => {
             let duration = match duration.map(secs) {
                 Some(None) => {
@@ -316,6 +324,7 @@ fn main() -> ExitCode {
                 quiet: false,
                 impair,
                 outs,
+                cm,
             };
             match perf::run(&o) {
                 Ok(true) => ExitCode::SUCCESS,

@@ -231,3 +231,41 @@ fn bench_quick_measures_everything() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--cm`: the queue pairs connect through the connection manager, each
+/// side's buffer in the private data, in one process and as a server and
+/// a client process (the rdma_cm port the TCP port's number; the server
+/// takes `--cm` from the client's options, as every other option).
+#[test]
+fn perf_through_the_connection_manager() {
+    for op in ["write", "read", "send", "atomic"] {
+        let out = rnic(&[
+            "perf", op, "--cm", "-s", "8192", "-n", "200", "-q", "2", "--json",
+        ]);
+        check(&format!("{op} --cm"), &out, "200");
+    }
+    let port = (25_000 + (std::process::id() % 10_000) as u16 * 2).to_string();
+    let server = server(&["write", "--server", "-p", &port]);
+    let client = rnic(&[
+        "perf",
+        "write",
+        "--client",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "--cm",
+        "-q",
+        "2",
+        "-n",
+        "300",
+        "--json",
+    ]);
+    let server = finish(server, Duration::from_secs(30));
+    check("write --cm client", &client, "300");
+    let text = String::from_utf8_lossy(&server.stdout);
+    assert!(
+        server.status.success() && text.contains("connected through the CM"),
+        "server: {text}{}",
+        String::from_utf8_lossy(&server.stderr)
+    );
+}

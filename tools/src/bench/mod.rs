@@ -232,6 +232,7 @@ fn perf_options(op: perf::Op, qps: u32, o: &Options) -> perf::Options {
         quiet: true,
         impair: None,
         outs: None,
+        cm: false,
     }
 }
 

@@ -69,6 +69,40 @@ impl Local {
             .collect()
     }
 
+    /// What this side grants its peer through the CM: its buffer's
+    /// address, R_Key and length, in a connection's private data.
+    fn grant(&self) -> Vec<u8> {
+        let mut g = self.mr.addr().to_be_bytes().to_vec();
+        g.extend_from_slice(&self.mr.rkey().to_be_bytes());
+        g.extend_from_slice(&(self.mr.len() as u64).to_be_bytes());
+        g
+    }
+
+    /// Connect this side's QPs, one after another, to the listener at
+    /// `to` through the connection manager (REQ, REP, RTU), each handing
+    /// over this side's buffer and taking the peer's.
+    pub(super) fn connect_cm(&self, to: std::net::SocketAddr) -> Res<Connected> {
+        let mut c = Connected::default();
+        for qp in &self.qps {
+            let conn = self.dev.connect(qp, to, &self.grant(), T)?;
+            c.buffers.push(granted(conn.private_data())?);
+            c.conns.push(conn);
+        }
+        Ok(c)
+    }
+
+    /// Accept one request at `l` for each of this side's QPs, in order
+    /// (the peer's [`Local::connect_cm`]).
+    pub(super) fn accept_cm(&self, l: &rnic_verbs::cm::Listener) -> Res<Connected> {
+        let mut c = Connected::default();
+        for qp in &self.qps {
+            let incoming = l.next(T)?;
+            c.buffers.push(granted(incoming.private_data())?);
+            c.conns.push(incoming.accept(qp, &self.grant(), T)?);
+        }
+        Ok(c)
+    }
+
     /// READs and atomics the first QP keeps outstanding (its
     /// max_rd_atomic, as the NIC has it).
     pub(super) fn outstanding(&self) -> Res<u8> {
@@ -99,6 +133,24 @@ impl Local {
         }
         Ok(bufs)
     }
+}
+
+/// QPs connected through the CM: the peer's buffer of each, and the
+/// connections (kept while the QPs are used).
+#[derive(Debug, Default)]
+pub(super) struct Connected {
+    pub(super) buffers: Vec<RemoteBuffer>,
+    pub(super) conns: Vec<rnic_verbs::cm::Connection>,
+}
+
+/// The buffer a peer granted in its private data ([`Local::grant`]).
+fn granted(b: &[u8]) -> Res<RemoteBuffer> {
+    let field = |r: std::ops::Range<usize>| b.get(r).ok_or("the peer granted no buffer");
+    Ok(RemoteBuffer {
+        va: u64::from_be_bytes(field(0..8)?.try_into()?),
+        rkey: u32::from_be_bytes(field(8..12)?.try_into()?),
+        len: u64::from_be_bytes(field(12..20)?.try_into()?),
+    })
 }
 
 /// What one direction measured.

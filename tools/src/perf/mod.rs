@@ -117,6 +117,10 @@ pub struct Options {
     /// READs and atomics outstanding at once per queue pair, each way;
     /// `None`: the device's maximum, as perftest's `-o` defaults to.
     pub outs: Option<u8>,
+    /// Connect the queue pairs through the connection manager (as
+    /// perftest's `-R`), the rdma_cm port the TCP port's number, rather
+    /// than by endpoint records over TCP.
+    pub cm: bool,
 }
 
 impl Options {
@@ -137,7 +141,7 @@ impl Options {
     /// The line the client sends: what the server must do too.
     pub(super) fn to_line(&self) -> String {
         format!(
-            "rnic-perf op={} size={} iters={} duration_ms={} qps={} depth={} lat={} bidir={} all={} mtu={} outs={}",
+            "rnic-perf op={} size={} iters={} duration_ms={} qps={} depth={} lat={} bidir={} all={} mtu={} outs={} cm={}",
             self.op.name(),
             self.size,
             self.iterations,
@@ -148,7 +152,8 @@ impl Options {
             u8::from(self.bidir),
             u8::from(self.all_sizes),
             self.mtu.bytes(),
-            self.outs.unwrap_or(0)
+            self.outs.unwrap_or(0),
+            u8::from(self.cm)
         )
     }
     /// The READs and atomics outstanding at once per QP on `dev`.
@@ -179,6 +184,7 @@ impl Options {
                 "all" => self.all_sizes = v == "1",
                 "mtu" => self.mtu = Mtu::from_bytes(v.parse().ok()?)?,
                 "outs" => self.outs = Some(v.parse().ok()?).filter(|&n: &u8| n > 0),
+                "cm" => self.cm = v == "1",
                 _ => {}
             }
         }
@@ -210,14 +216,41 @@ pub(crate) struct LoopbackRun {
     b: Local,
     to_a: Vec<RemoteBuffer>,
     to_b: Vec<RemoteBuffer>,
+    /// The connections the CM made (`--cm`).
+    _conns: Vec<rnic_verbs::cm::Connection>,
 }
 
 impl LoopbackRun {
     pub(crate) fn new(o: &Options) -> Res<LoopbackRun> {
         let (a, b) = (Local::new(o)?, Local::new(o)?);
+        if o.cm {
+            let l = b.dev.listen(0)?;
+            let to = SocketAddr::new(b.dev.addr(), l.port());
+            let (ca, cb) = std::thread::scope(|s| {
+                let client = s.spawn(|| a.connect_cm(to));
+                let server = b.accept_cm(&l);
+                (client.join().expect("the connecting thread"), server)
+            });
+            let (ca, cb) = (ca?, cb?);
+            let mut conns = ca.conns;
+            conns.extend(cb.conns);
+            return Ok(LoopbackRun {
+                to_b: ca.buffers,
+                to_a: cb.buffers,
+                a,
+                b,
+                _conns: conns,
+            });
+        }
         let to_b = a.connect(o, &b.records())?;
         let to_a = b.connect(o, &a.records())?;
-        Ok(LoopbackRun { a, b, to_a, to_b })
+        Ok(LoopbackRun {
+            a,
+            b,
+            to_a,
+            to_b,
+            _conns: Vec::new(),
+        })
     }
 
     /// Measure one size, the first NIC sending.
@@ -329,9 +362,17 @@ fn run_server(mut o: Options) -> Res<bool> {
         .ok_or_else(|| format!("malformed options '{line}' from {peer}"))?;
     o.mode = Mode::Server;
     let me = Local::new(&o)?;
-    c.send_records(&me.records())?;
-    let theirs = c.recv_records(me.qps.len())?;
-    let to_client = me.connect(&o, &theirs)?;
+    let (to_client, _conns) = if o.cm {
+        // The rdma_cm port is the TCP port's number.
+        let l = me.dev.listen(o.port)?;
+        c.send(&format!("listening {}", me.dev.addr()))?;
+        let got = me.accept_cm(&l)?;
+        (got.buffers, got.conns)
+    } else {
+        c.send_records(&me.records())?;
+        let theirs = c.recv_records(me.qps.len())?;
+        (me.connect(&o, &theirs)?, Vec::new())
+    };
     c.send("ready")?;
     let stdout = io::stdout();
     let mut out = stdout.lock();
@@ -382,11 +423,22 @@ fn run_client(o: &Options, host: &str) -> Res<bool> {
     let mut c = Control::new(s)?;
     c.send(&o.to_line())?;
     let me = Local::new(o)?;
-    let theirs = c.recv_records(me.qps.len())?;
-    c.send_records(&me.records())?;
-    let to_server = me.connect(o, &theirs)?;
+    let (to_server, server_addr, _conns) = if o.cm {
+        let line = c.expect("listening")?;
+        let addr: IpAddr = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|a| a.parse().ok())
+            .ok_or("malformed 'listening'")?;
+        let got = me.connect_cm(SocketAddr::new(addr, o.port))?;
+        (got.buffers, addr, got.conns)
+    } else {
+        let theirs = c.recv_records(me.qps.len())?;
+        c.send_records(&me.records())?;
+        let to = me.connect(o, &theirs)?;
+        (to, theirs[0].endpoint.addr, Vec::new())
+    };
     c.expect("ready")?;
-    let server_addr = theirs[0].endpoint.addr;
     let stdout = io::stdout();
     let mut out = stdout.lock();
     print_header(o, me.outstanding()?, &mut out)?;
@@ -469,6 +521,7 @@ mod tests {
             quiet: false,
             impair: None,
             outs: Some(5),
+            cm: true,
         };
         let mut p = Options {
             op: Op::Write,
@@ -480,6 +533,7 @@ mod tests {
             bidir: false,
             mtu: Mtu::Mtu1024,
             outs: None,
+            cm: false,
             ..o.clone()
         };
         p.adopt(&o.to_line()).unwrap();

@@ -81,11 +81,14 @@ pub(super) fn print_header(o: &Options, outstanding: u8, out: &mut impl Write) -
     if o.json {
         return Ok(());
     }
-    let how = match &o.mode {
+    let mut how = match &o.mode {
         Mode::Loopback => "two rnic NICs in this process".to_string(),
         Mode::Server => "server side".to_string(),
         Mode::Client(h) => format!("client of {h}"),
     };
+    if o.cm {
+        how.push_str(", connected through the CM");
+    }
     let outs = match o.op {
         Op::Read => format!(", {outstanding} READs outstanding per QP"),
         Op::Atomic => format!(", {outstanding} atomics outstanding per QP"),
