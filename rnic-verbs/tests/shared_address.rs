@@ -35,6 +35,17 @@ fn side(dev: &Device) -> Side {
     Side { pd, cq, qp, mr }
 }
 
+impl Side {
+    /// Post `op` with the 6 bytes of this side's buffer at `at`, and wait
+    /// for its successful completion.
+    fn run(&self, wr_id: u64, op: SendOp, at: usize) {
+        self.qp
+            .post_send(SendWr::new(wr_id, op, sg_list![self.mr.sge(at, 6)]))
+            .unwrap();
+        assert_eq!(self.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    }
+}
+
 fn grant(s: &Side) -> Vec<u8> {
     let mut g = s.mr.addr().to_be_bytes().to_vec();
     g.extend_from_slice(&s.mr.rkey().to_be_bytes());
@@ -69,32 +80,15 @@ fn connect_and_talk(a: &Device, b: &Device, b_addr: IpAddr) {
         (&sb, a_buf, a_rkey, &sa, b"from b"),
     ] {
         me.mr.write(0, tag);
-        me.qp
-            .post_send(SendWr::new(
-                10,
-                SendOp::write(peer_buf, peer_rkey),
-                sg_list![me.mr.sge(0, 6)],
-            ))
-            .unwrap();
-        assert_eq!(me.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+        me.run(10, SendOp::write(peer_buf, peer_rkey), 0);
         let mut got = [0u8; 6];
         peer.mr.read(0, &mut got);
         assert_eq!(&got, tag, "the WRITE landed");
         // READ it back into the requester's buffer at 512.
-        me.qp
-            .post_send(SendWr::new(
-                11,
-                SendOp::read(peer_buf, peer_rkey),
-                sg_list![me.mr.sge(512, 6)],
-            ))
-            .unwrap();
-        assert_eq!(me.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+        me.run(11, SendOp::read(peer_buf, peer_rkey), 512);
         me.mr.read(512, &mut got);
         assert_eq!(&got, tag, "the READ brought it back");
-        me.qp
-            .post_send(SendWr::new(12, SendOp::send(), sg_list![me.mr.sge(0, 6)]))
-            .unwrap();
-        assert_eq!(me.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+        me.run(12, SendOp::send(), 0);
         let r = peer.cq.wait(WAIT).unwrap();
         assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 6));
         peer.mr.read(2048, &mut got);
