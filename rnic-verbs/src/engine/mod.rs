@@ -263,6 +263,7 @@ impl Engine {
             responses_left: AtomicBool::new(false),
             steering: AtomicBool::new(false),
             steered_once: AtomicBool::new(false),
+            steering_changes: std::sync::atomic::AtomicU64::new(0),
             steer_when_staying: AtomicBool::new(steer_when_staying),
             #[cfg(test)]
             pinned_steering: std::sync::atomic::AtomicU8::new(0),

@@ -76,6 +76,9 @@ pub(super) struct Shared {
     pub(super) steering: AtomicBool,
     /// Steering has started at least once: `responses` may hold packets.
     pub(super) steered_once: AtomicBool,
+    /// Times steering started or stopped, ever (tests tell a spell that
+    /// steered throughout from one that stopped and started again).
+    pub(super) steering_changes: std::sync::atomic::AtomicU64,
     /// A test's choice of steering (1 off, 2 on; 0 the engine's own).
     #[cfg(test)]
     pub(super) pinned_steering: std::sync::atomic::AtomicU8,
@@ -189,6 +192,7 @@ impl Shared {
         }
         self.publish(&st);
         self.steering.store(on, Ordering::SeqCst);
+        self.steering_changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Where packets come in.

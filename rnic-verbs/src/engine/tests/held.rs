@@ -49,7 +49,9 @@ fn a_nic_whose_gso_sends_are_refused_sends_datagrams_one_by_one() {
     let a_qp = pa.create_rc_qp(&a_cq, &a_cq, QpCaps::default()).unwrap();
     let b_qp = pb.create_rc_qp(&b_cq, &b_cq, QpCaps::default()).unwrap();
     let o = ConnectOptions {
-        timeout: 10, // 4.2 ms
+        // 67 ms: a retransmission is the refusal's, not a loaded
+        // machine's late ACK.
+        timeout: 14,
         ..ConnectOptions::default()
     };
     a_qp.connect(&b_qp.endpoint(), &o).unwrap();

