@@ -64,8 +64,8 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The active side's QP.
     pub qpn: u32,
-    /// The active side's first PSN (the passive side's receive queue
-    /// expects it).
+    /// The first PSN the active side receives: where the passive side's
+    /// requests start (the REQ's Starting PSN, as the kernel's CM reads it).
     pub starting_psn: u32,
     /// RDMA READ and atomic requests the active side answers at once.
     pub responder_resources: u8,
@@ -90,7 +90,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// The passive side's QP.
     pub qpn: u32,
-    /// The passive side's first PSN.
+    /// The first PSN the passive side receives: where the active side's
+    /// requests start (the REP's Starting PSN).
     pub starting_psn: u32,
     /// RDMA READ and atomic requests it answers at once.
     pub responder_resources: u8,

@@ -374,7 +374,7 @@ fn gid(addr: IpAddr) -> std::net::Ipv6Addr {
 }
 
 /// What the active side of an rdma_cm connection asks for: the REQ for QP
-/// `qpn` (first PSN `psn`), from rdma_cm port `local` to `remote` in port
+/// `qpn` (receiving first PSN `psn`), from rdma_cm port `local` to `remote` in port
 /// space `ps`, with the rdma_cm header in front of `private_data`. The
 /// path's flow label is the one the kernel derives from the two ports, so
 /// the data path's UDP source port is the kernel's too.
@@ -438,9 +438,9 @@ pub struct QpSetup {
     pub av: AddressVector,
     /// The peer's QP.
     pub dest_qp: u32,
-    /// The peer's first PSN (this side's receive queue expects it).
+    /// The first PSN this side receives (its own Starting PSN).
     pub rq_psn: u32,
-    /// This side's first PSN.
+    /// The first PSN this side sends (the peer's Starting PSN).
     pub sq_psn: u32,
     /// The path MTU.
     pub mtu: Mtu,
@@ -476,8 +476,11 @@ impl QpSetup {
                 flow_label: req.primary.flow_label,
             },
             dest_qp: req.local_qpn,
-            rq_psn: req.starting_psn,
-            sq_psn: accept.starting_psn,
+            // Each side's Starting PSN is the one it receives first: the
+            // REQ's is this side's first, the REP's the peer's (the
+            // kernel's ib_cm, rdma_rxe's and ConnectX's traffic alike).
+            rq_psn: accept.starting_psn,
+            sq_psn: req.starting_psn,
             mtu,
             responder_resources: accept.responder_resources,
             initiator_depth: accept.initiator_depth,
@@ -499,8 +502,10 @@ impl QpSetup {
                 flow_label: req.path.flow_label,
             },
             dest_qp: rep.local_qpn,
-            rq_psn: rep.starting_psn,
-            sq_psn: req.starting_psn,
+            // The REQ offered what this side receives first; the REP,
+            // what the peer does (see `passive`).
+            rq_psn: req.starting_psn,
+            sq_psn: rep.starting_psn,
             mtu: Mtu::from_ibv(u32::from(req.path_mtu)).unwrap_or(Mtu::Mtu1024),
             // What the peer sends at once is what this side answers.
             responder_resources: rep.initiator_depth,

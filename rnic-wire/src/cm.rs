@@ -202,8 +202,9 @@ pub struct Req {
     pub transport_service_type: u8,
     /// End-to-End Flow Control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN (24 bits): the active side's first PSN, which the
-    /// passive side's receive queue expects.
+    /// Starting PSN (24 bits): the first PSN the active side receives,
+    /// where the passive side's requests start (the kernel's CM sets the
+    /// passive QP's sq_psn and the active QP's rq_psn from it).
     pub starting_psn: u32,
     /// Local CM Response Timeout (5 bits).
     pub local_cm_response_timeout: u8,
@@ -470,7 +471,8 @@ pub struct Rep {
     pub local_qpn: u32,
     /// Local EE Context Number (24 bits).
     pub local_eecn: u32,
-    /// Starting PSN (24 bits): the passive side's first PSN.
+    /// Starting PSN (24 bits): the first PSN the passive side receives,
+    /// where the active side's requests start.
     pub starting_psn: u32,
     /// Responder Resources.
     pub responder_resources: u8,

@@ -515,3 +515,88 @@ fn tshark_s_cm_dissector_agrees() {
     println!("{compared} CM fields equal to tshark's");
     assert!(compared > 600, "only {compared} fields compared");
 }
+
+/// Where the kernel's QPs started sending, as rnic's `QpSetup` reads REQ
+/// and REP: each side's Starting PSN is the first it receives, so the
+/// active side's requests start at the REP's and the passive side's at the
+/// REQ's (ib_cm's `sq_psn`/`rq_psn`; rnic read them the other way round
+/// once, and only rnic could talk to it).
+#[test]
+fn qp_setups_start_where_the_kernel_s_qps_started() {
+    use rnic_verbs::cm::{AcceptParams, ConnectParams, QpSetup};
+    let mut checked = 0;
+    for path in cm_captures() {
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let data = std::fs::read(&path).unwrap();
+        let mut reqs = HashMap::new();
+        let mut setups = Vec::new();
+        // The first request each QP sent, by destination address and QP
+        // (both of the kernel's devices number QPs from 0x11).
+        let mut first_request: HashMap<(IpAddr, u32), u32> = HashMap::new();
+        for rec in PcapReader::new(&data).unwrap() {
+            let rec = rec.unwrap();
+            let frame =
+                Frame::parse(LinkType::from_pcap(rec.link_type).unwrap(), rec.data).unwrap();
+            let bth = frame.ib.bth();
+            if bth.dest_qp() != GSI_QPN {
+                let is_request = bth.opcode().info().is_some_and(|i| i.is_request());
+                if is_request {
+                    first_request
+                        .entry((frame.ip.dst_addr(), bth.dest_qp()))
+                        .or_insert(bth.psn().value());
+                }
+                continue;
+            }
+            let (src, dst) = (frame.ip.src_addr(), frame.ip.dst_addr());
+            match Mad::parse(frame.ib.payload()).unwrap().message {
+                Message::Req(r) if r.transport_service_type == 0 => {
+                    reqs.insert(r.local_comm_id, (r, src, dst));
+                }
+                Message::Rep(p) => {
+                    let Some((r, active, passive)) = reqs.get(&p.remote_comm_id).cloned() else {
+                        continue;
+                    };
+                    let connect = ConnectParams {
+                        service_id: r.service_id,
+                        qpn: r.local_qpn,
+                        starting_psn: r.starting_psn,
+                        responder_resources: r.responder_resources,
+                        initiator_depth: r.initiator_depth,
+                        retry_count: r.retry_count,
+                        rnr_retry_count: r.rnr_retry_count,
+                        path_mtu: r.path_mtu,
+                        path: r.primary,
+                        transport: 0,
+                        private_data: r.private_data.to_vec(),
+                    };
+                    let accept = AcceptParams {
+                        qpn: p.local_qpn,
+                        starting_psn: p.starting_psn,
+                        responder_resources: p.responder_resources,
+                        initiator_depth: p.initiator_depth,
+                        rnr_retry_count: p.rnr_retry_count,
+                        private_data: Vec::new(),
+                    };
+                    let a = QpSetup::active(&connect, &p, active, passive);
+                    let mtu = rnic_verbs::Mtu::Mtu4096;
+                    let b = QpSetup::passive(&r, active, passive, &accept, mtu);
+                    assert_eq!((a.sq_psn, a.rq_psn), (b.rq_psn, b.sq_psn), "{name}");
+                    setups.push((a, b, (active, r.local_qpn), (passive, p.local_qpn)));
+                }
+                _ => {}
+            }
+        }
+        for (a, b, active_qpn, passive_qpn) in setups {
+            if let Some(&psn) = first_request.get(&passive_qpn) {
+                assert_eq!(psn, a.sq_psn, "{name}: the active side's first request");
+                checked += 1;
+            }
+            if let Some(&psn) = first_request.get(&active_qpn) {
+                assert_eq!(psn, b.sq_psn, "{name}: the passive side's first request");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "{checked} first requests checked");
+    println!("{checked} first requests start where QpSetup says");
+}
