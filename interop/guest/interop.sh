@@ -13,6 +13,7 @@ mkdir -p $out
 exec >$out/guest.log 2>&1
 set -x
 . /mnt/host/tap-rxe.sh
+. /mnt/host/cm.sh
 tap_up "$(cat /mnt/host/mtu)" || exit 2
 # Impairment, both ways, if asked: netem on eth0 for what rxe sends, and on
 # an ifb device that eth0's ingress is redirected through for what it
@@ -31,6 +32,13 @@ if [ -s /mnt/host/netem ]; then
     $tc qdisc show
 fi
 rxe_on_eth0 || exit 2
+# librdmacm's device, the kernel's CM (devtmpfs makes it as rdma_ucm loads;
+# made here from sysfs if not).
+if [ ! -c /dev/infiniband/rdma_cm ] && [ -f /sys/class/misc/rdma_cm/dev ]; then
+    mkdir -p /dev/infiniband
+    mm=$(cat /sys/class/misc/rdma_cm/dev)
+    mknod /dev/infiniband/rdma_cm c "${mm%%:*}" "${mm##*:}"
+fi
 grep . /sys/class/infiniband/rxe0/ports/1/gids/* | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
 : >$out/results
 failed=0
@@ -59,8 +67,56 @@ client() {
     done
     record "$1"
 }
+# wait_for FILE: wait (at most 200 s) until the host has made FILE.
+wait_for() {
+    for _ in $(seq 400); do
+        [ -e "$1" ] && return
+        sleep 0.5
+    done
+}
+# cm_listening PORT: whether the kernel's CM has a listener on PORT.
+cm_listening() {
+    rdma res show cm_id 2>/dev/null | grep LISTEN | grep -qE ":$1( |\$)"
+}
+# cm_run NAME CASE-PORT PROG ARGS...: a run through rdma_cm, both ways (see
+# cm_run in interop/rxe-interop).
+cm_run() {
+    name=$1 port=$2 prog=$3 self=10.88.0.2 peer=10.88.0.1 one_way= rest=
+    shift 3
+    for a in "$@"; do
+        if [ "$a" = only:rnic-server ]; then one_way=1; else rest="$rest $a"; fi
+    done
+    # shellcheck disable=SC2086
+    set -- $rest
+    case "$name" in *_v6) self=fd88::2 peer=fd88::1 ;; esac
+    wait_for "$out/$name.rnic-server.listening"
+    # shellcheck disable=SC2046
+    run "$name.rnic-server" $(cm_cmd client $self $peer "$port" "$prog" "$@")
+    [ -n "$one_way" ] && return
+    # shellcheck disable=SC2046
+    timeout 120 $(cm_cmd server $self $peer $((port + 1)) "$prog" "$@") \
+        </dev/null >"$out/$name.rxe-server.rxe.txt" 2>&1 &
+    pid=$!
+    lport=$(cm_port "$prog" $((port + 1)))
+    for _ in $(seq 200); do
+        cm_listening "$lport" && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.1
+    done
+    rdma res show cm_id
+    : >"$out/$name.rxe-server.listening"
+    wait $pid
+    rc=$?
+    record "$name.rxe-server"
+}
 while read -r name port prog all; do
     case "$name" in '#'* | '') continue ;; esac
+    # shellcheck disable=SC2086
+    if cm_case "$prog" $all; then
+        # shellcheck disable=SC2086
+        cm_run "$name" "$port" "$prog" $all
+        continue
+    fi
     # (an argument "rnic:ARG" is for rnic's side only)
     args=
     for a in $all; do
