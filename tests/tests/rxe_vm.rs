@@ -7,7 +7,11 @@
 //! `rxe_vm_peer` entry point), which opens the tap with
 //! `Device::open_on_interface` and meets rdma-core's unmodified
 //! `ibv_rc_pingpong` or `ibv_ud_pingpong` on rxe, with the programs' own
-//! endpoint exchange, once as their server and once as their client.
+//! endpoint exchange, once as their server and once as their client; and
+//! `rping`, connected through the connection manager (`Device::listen`
+//! and `Device::connect` against the kernel's rdma_cm and ib_cm), rnic's
+//! side speaking rping's protocol: it READs and WRITEs back as the server,
+//! and checks every byte of the echo as the client.
 //!
 //! The pingpongs use one buffer to receive into and send from, so without
 //! `-c` rxe's side sends back exactly the bytes it last received: rnic's
@@ -52,6 +56,9 @@ struct Case {
     size: usize,
     iters: usize,
     mtu: u32,
+    /// rping's protocol, connected through the CM (rnic's
+    /// `Device::listen`/`Device::connect`, the kernel's rdma_cm and ib_cm).
+    rping: bool,
 }
 
 const fn case(name: &'static str, rxe: Role, port: u16, ud: bool, v6: bool) -> Case {
@@ -64,10 +71,20 @@ const fn case(name: &'static str, rxe: Role, port: u16, ud: bool, v6: bool) -> C
         size: if ud { 1024 } else { 16384 },
         iters: 200,
         mtu: 1024,
+        rping: false,
     }
 }
 
-const CASES: [Case; 8] = [
+const fn rping(name: &'static str, rxe: Role, port: u16, v6: bool) -> Case {
+    Case {
+        size: 4096,
+        iters: 100,
+        rping: true,
+        ..case(name, rxe, port, false, v6)
+    }
+}
+
+const CASES: [Case; 11] = [
     case("rc_rxe_server", Role::Server, 18800, false, false),
     case("rc_rxe_client", Role::Client, 18801, false, false),
     case("rc_v6_rxe_server", Role::Server, 18802, false, true),
@@ -84,11 +101,15 @@ const CASES: [Case; 8] = [
         size: 1,
         ..case("rc_1byte_rxe_client", Role::Client, 18807, false, true)
     },
+    rping("rping_rxe_server", Role::Server, 18810, false),
+    rping("rping_rxe_client", Role::Client, 18811, false),
+    rping("rping_v6_rxe_server", Role::Server, 18812, true),
 ];
 
 const HOST4: &str = "10.88.0.1";
 const GUEST4: &str = "10.88.0.2";
 const GUEST6: &str = "fd88::2";
+const HOST6: &str = "fd88::1";
 const UD_QKEY: u32 = 0x1111_1111;
 const GRH: usize = 40;
 
@@ -96,6 +117,21 @@ impl Case {
     /// rxe's command line, as the guest script runs it (GID4 and GID6 are
     /// replaced there by rxe's IPv4 and IPv6 GID indices).
     fn guest_line(&self) -> String {
+        if self.rping {
+            let (host, guest) = if self.v6 {
+                (HOST6, GUEST6)
+            } else {
+                (HOST4, GUEST4)
+            };
+            let (role, addrs) = match self.rxe {
+                Role::Server => ("server", format!("-a {guest}")),
+                Role::Client => ("client", format!("-a {host} -I {guest}")),
+            };
+            return format!(
+                "{} {role} {} rping {addrs} -V -C {} -S {}",
+                self.name, self.port, self.iters, self.size
+            );
+        }
         let prog = if self.ud {
             "ibv_ud_pingpong"
         } else {
@@ -125,8 +161,208 @@ fn message(k: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// rping's message `ping` of `len` bytes, as rping's client makes them:
+/// text without a NUL but the last byte (the server echoes
+/// `strlen(buf) + 1` bytes).
+fn rping_message(ping: usize, len: usize) -> Vec<u8> {
+    let mut m = format!("rdma-ping-{ping}: ").into_bytes();
+    m.extend((0..len).map(|i| b'A' + ((ping + i) % 58) as u8));
+    m.truncate(len - 1);
+    m.push(0);
+    m
+}
+
+/// What rping sends to say where a buffer is: address, R_Key and length,
+/// big-endian (`struct rping_rdma_info`).
+fn rping_info(addr: u64, rkey: u32, len: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&addr.to_be_bytes());
+    b[8..12].copy_from_slice(&rkey.to_be_bytes());
+    b[12..].copy_from_slice(&len.to_be_bytes());
+    b
+}
+
+/// rnic's side of an rping case, through the CM with rnic-verbs' API:
+/// as the client, it advertises a buffer, lets rxe's server READ it and
+/// WRITE it back into a second one, and checks every byte; as the server,
+/// it READs the client's buffer and WRITEs it back (rxe's `rping -c -V`
+/// checks the echo).
+fn peer_rping(iface: &str, c: &Case) -> std::result::Result<String, String> {
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |err: Error| format!("{what}: {err}")
+    };
+    let share = std::env::var("RNIC_RXE_SHARE").map_err(|_| "no RNIC_RXE_SHARE")?;
+    let listening = Path::new(&share)
+        .join("out")
+        .join(format!("{}.listening", c.name));
+    let dev = Device::open_on_interface(iface).map_err(e("open the tap"))?;
+    let (host, guest) = if c.v6 {
+        (HOST6, GUEST6)
+    } else {
+        (HOST4, GUEST4)
+    };
+    let host: IpAddr = host.parse().unwrap();
+    let gid = dev
+        .gids()
+        .iter()
+        .position(|a| *a == host)
+        .ok_or_else(|| format!("{host} is not in rnic's GID table"))?;
+    let pd = dev.alloc_pd().map_err(e("alloc_pd"))?;
+    let (scq, rcq) = (
+        dev.create_cq(8).map_err(e("create_cq"))?,
+        dev.create_cq(8).map_err(e("create_cq"))?,
+    );
+    let mut qp = pd
+        .qp_builder(&scq, &rcq)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .build()
+        .map_err(e("create_qp"))?;
+    qp.use_gid(gid).map_err(e("use_gid"))?;
+    let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let (start, sink) = (
+        pd.register(c.size, remote).map_err(e("register"))?,
+        pd.register(c.size, remote).map_err(e("register"))?,
+    );
+    // Two receive slots of 16 bytes, then the send slot.
+    let ctl = pd
+        .register(48, Access::LOCAL_WRITE)
+        .map_err(e("register"))?;
+    let post_recv = |slot: usize| {
+        qp.post_recv(RecvWr {
+            wr_id: slot as u64,
+            sg_list: sg_list![ctl.sge(slot * 16, 16)],
+        })
+        .map_err(e("post_recv"))
+    };
+    // INIT, as rdma_create_qp leaves it, so that the receives are up
+    // before the connection (connect and accept take it on from there).
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: remote,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let mask = AttrMask::STATE | AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT;
+    qp.modify(&init, mask).map_err(e("INIT"))?;
+    post_recv(0)?;
+    post_recv(1)?;
+    let wait = Duration::from_secs(30);
+    let done = |cq: &CompletionQueue, what: &str| -> std::result::Result<Completion, String> {
+        let wc = cq.wait(wait).map_err(e(what))?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("{what}: {wc:?}"));
+        }
+        Ok(wc)
+    };
+    // A receive of rping's 16 bytes, its slot posted again.
+    let recv = || -> std::result::Result<[u8; 16], String> {
+        let wc = done(&rcq, "a receive")?;
+        if wc.byte_len != 16 {
+            return Err(format!("rping sent {} bytes, not 16", wc.byte_len));
+        }
+        let mut b = [0u8; 16];
+        ctl.read(wc.wr_id as usize * 16, &mut b);
+        post_recv(wc.wr_id as usize)?;
+        Ok(b)
+    };
+    let send = |info: [u8; 16]| -> std::result::Result<(), String> {
+        ctl.write(32, &info);
+        qp.post_send(SendWr::new(1, SendOp::send(), sg_list![ctl.sge(32, 16)]))
+            .map_err(e("post_send"))?;
+        done(&scq, "a SEND").map(|_| ())
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    match c.rxe {
+        Role::Server => {
+            while !listening.exists() {
+                if Instant::now() > deadline {
+                    return Err("rxe's rping never listened".into());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let to = std::net::SocketAddr::new(guest.parse().unwrap(), c.port);
+            let conn = dev.connect(&qp, to, &[], wait).map_err(e("connect"))?;
+            for ping in 0..c.iters {
+                let m = rping_message(ping, c.size);
+                start.write(0, &m);
+                sink.write(0, &vec![0; c.size]);
+                send(rping_info(start.addr(), start.rkey(), c.size as u32))?;
+                recv()?; // it has READ the start buffer
+                send(rping_info(sink.addr(), sink.rkey(), c.size as u32))?;
+                recv()?; // it has WRITTEN it back
+                let mut got = vec![0; c.size];
+                sink.read(0, &mut got);
+                if got != m {
+                    let at = got.iter().zip(&m).position(|(a, b)| a != b);
+                    return Err(format!(
+                        "ping {ping}: the echo differs, first at byte {at:?}"
+                    ));
+                }
+            }
+            conn.disconnect(wait).map_err(e("disconnect"))?;
+        }
+        Role::Client => {
+            let listener = dev.listen(c.port).map_err(e("listen"))?;
+            std::fs::write(&listening, b"").map_err(|err| err.to_string())?;
+            let request = listener
+                .next(deadline - Instant::now())
+                .map_err(e("a request"))?;
+            let conn = request.accept(&qp, &[], wait).map_err(e("accept"))?;
+            for ping in 0..c.iters {
+                let info = recv()?;
+                let addr = u64::from_be_bytes(info[..8].try_into().unwrap());
+                let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap());
+                let len = u32::from_be_bytes(info[12..].try_into().unwrap()) as usize;
+                if len != c.size {
+                    return Err(format!("ping {ping}: rping advertised {len} bytes"));
+                }
+                let read = SendWr::new(
+                    2,
+                    SendOp::read(addr, rkey),
+                    sg_list![sink.sge(0, len as u32)],
+                );
+                qp.post_send(read).map_err(e("post_send READ"))?;
+                done(&scq, "the READ")?;
+                let mut got = vec![0; len];
+                sink.read(0, &mut got);
+                let text = format!("rdma-ping-{ping}: ");
+                if !got.starts_with(text.as_bytes()) || got.last() != Some(&0) {
+                    return Err(format!(
+                        "ping {ping}: READ {:?}",
+                        String::from_utf8_lossy(&got[..32])
+                    ));
+                }
+                send([0; 16])?; // go ahead
+                let info = recv()?;
+                let addr = u64::from_be_bytes(info[..8].try_into().unwrap());
+                let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap());
+                let n = got.iter().position(|&b| b == 0).unwrap() + 1;
+                let write = SendWr::new(
+                    3,
+                    SendOp::write(addr, rkey),
+                    sg_list![sink.sge(0, n as u32)],
+                );
+                qp.post_send(write).map_err(e("post_send WRITE"))?;
+                done(&scq, "the WRITE")?;
+                send([0; 16])?; // it is there
+            }
+            conn.wait_disconnect(wait)
+                .map_err(e("the client's disconnect"))?;
+        }
+    }
+    Ok(format!(
+        "{} rping rounds of {} B through the CM over GID {gid}, every byte checked",
+        c.iters, c.size
+    ))
+}
+
 /// rnic's side of one case, in the namespace; Err says what went wrong.
 fn peer(iface: &str, c: &Case) -> std::result::Result<String, String> {
+    if c.rping {
+        return peer_rping(iface, c);
+    }
     let e = |what: &str| {
         let what = what.to_string();
         move |err: Error| format!("{what}: {err}")
@@ -476,6 +712,7 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
             ])
             .env("RNIC_RXE_IFACE", &tap)
             .env("RNIC_RXE_CASE", c.name)
+            .env("RNIC_RXE_SHARE", &s.share)
             .output()
             .unwrap();
         let text = format!(
@@ -565,6 +802,7 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
         "RC_SEND_LAST",
         "RC_SEND_ONLY",
         "RC_ACKNOWLEDGE",
+        "RC_RDMA_READ_REQUEST",
         "UD_SEND_ONLY",
     ] {
         assert!(opcodes.contains(op), "no {op} on the wire: {opcodes:?}");
