@@ -89,6 +89,18 @@ cm_run() {
     # shellcheck disable=SC2086
     set -- $rest
     case "$name" in *_v6) self=fd88::2 peer=fd88::1 ;; esac
+    if [ "$prog" = refused ]; then
+        # No server on the port on either side: each client must be
+        # refused (REJ 8); rnic's side has its NIC open meanwhile.
+        wait_for "$out/$name.rnic-server.listening"
+        # shellcheck disable=SC2046
+        attempt "$name.rnic-server" $(cm_cmd client $self $peer "$port" refused)
+        rc=1
+        cm_refused "$out/$name.rnic-server.rxe.txt" && rc=0
+        record "$name.rnic-server"
+        echo "$name.rxe-server 0" >>"$out/results"
+        return
+    fi
     wait_for "$out/$name.rnic-server.listening"
     # shellcheck disable=SC2046
     run "$name.rnic-server" $(cm_cmd client $self $peer "$port" "$prog" "$@")
@@ -139,6 +151,10 @@ done </mnt/host/cases
 $tc -s qdisc show 2>/dev/null
 for f in /sys/class/infiniband/rxe0/ports/1/hw_counters/*; do
     echo "${f##*/}=$(cat "$f")"
+done
+# ib_cm's own MAD counters (sent, received, retried, duplicates), where any.
+for f in /sys/class/infiniband_cm/rxe0/1/*/*; do
+    [ -f "$f" ] && [ "$(cat "$f")" != 0 ] && echo "${f#/sys/class/infiniband_cm/rxe0/1/}=$(cat "$f")"
 done
 # What the kernel said (rdma_rxe warns there of what it drops).
 dmesg | tail -n 40
