@@ -192,7 +192,13 @@ fn the_first_nic_closing_leaves_the_others_quiet() {
     drop(first);
     std::thread::sleep(Duration::from_millis(300));
     let c = second.counters().unwrap();
-    assert_eq!((c.malformed, c.rcvd_pkts), (0, 0), "{c:?}");
+    if (c.malformed, c.rcvd_pkts) != (0, 0) {
+        // An engine thread reading the closed connection over and over
+        // never stops, and dropping the device would wait for it: the
+        // test fails rather than hangs.
+        std::mem::forget(second);
+        panic!("the closed connection was read as packets: {c:?}");
+    }
     let s = side(&second);
     assert!(s.qp.qpn() >> 20 == 1);
 }

@@ -435,14 +435,12 @@ impl Engine {
         let most = if st.polled_dry { 1 } else { crate::udp::BATCH };
         // Requests (and, unless steered apart, responses), then the
         // responses steered apart.
-        let mut received = st
-            .receive_at_most(sh.rx(), &sh.socket, away, true, most)
-            .packets;
+        let mut received = sh.receive(&mut st, sh.rx(), away, true, most).packets;
         if let Some(r) = sh
             .responses_rx()
             .filter(|_| sh.steering.load(Ordering::Relaxed))
         {
-            received += st.receive_at_most(r, &sh.socket, away, true, most).packets;
+            received += sh.receive(&mut st, r, away, true, most).packets;
         }
         st.polled_dry = received == 0;
         if received > 0 {

@@ -56,29 +56,25 @@ pub(super) struct Received {
     /// last packet, a READ or atomic request): no thread polling a
     /// completion queue waits for them.
     pub(super) unpolled: usize,
+    /// The inbox's other end has closed: the NIC that relayed this one's
+    /// packets is gone.
+    pub(super) closed: bool,
 }
 
 impl EngineState {
-    /// Receive one batch from `rx` and run each packet through the NIC in
-    /// arrival order, straight from the receive buffer. Then deliver
-    /// completions and send what that produced (from `socket` and the other
-    /// UDP sockets), or hold it: if it is ACKs alone, the program polls or
-    /// posts (`program_active`) and answers requests, for its next post
-    /// (see [`super::hold::Hold::hold_for_answer`]); else, with `may_hold` (a
+    /// Receive one batch (at most `most` messages, see
+    /// [`crate::udp::RecvBatch::recv_at_most`]) from `rx` and run each
+    /// packet through the NIC in arrival order, straight from the receive
+    /// buffer. Then deliver completions and send what that produced (from
+    /// `socket` and the other UDP sockets), or hold it: if it is ACKs
+    /// alone, the program polls or posts (`program_active`) and answers
+    /// requests, for its next post (see
+    /// [`super::hold::Hold::hold_for_answer`]); else, with `may_hold` (a
     /// poller's call while the engine thread is away) when it delivered a
-    /// completion, for the poller's next call (see [`super::Engine::progress`]).
-    pub(super) fn receive(
-        &mut self,
-        rx: Rx<'_>,
-        socket: &UdpSocket,
-        may_hold: bool,
-        program_active: bool,
-    ) -> Received {
-        self.receive_at_most(rx, socket, may_hold, program_active, crate::udp::BATCH)
-    }
-
-    /// [`EngineState::receive`], of at most `most` messages (see
-    /// [`crate::udp::RecvBatch::recv_at_most`]).
+    /// completion, for the poller's next call (see
+    /// [`super::Engine::progress`]). Called through
+    /// [`super::shared::Shared::receive`], which deals with an inbox found
+    /// closed.
     pub(super) fn receive_at_most(
         &mut self,
         rx: Rx<'_>,
@@ -93,6 +89,7 @@ impl EngineState {
         let mut got = Received {
             packets: 0,
             unpolled: 0,
+            closed: false,
         };
         if n == 0 {
             return got;
@@ -100,6 +97,13 @@ impl EngineState {
         let dst = self.nic.addr();
         let now = self.now();
         for i in 0..n {
+            // A connection's end reads as an empty message, and again at
+            // each read: every header of the batch is one. The relay never
+            // sends an empty message, so this is the end, not a packet.
+            if matches!(rx, Rx::Relayed(_)) && self.rx.frame(i).is_some_and(<[u8]>::is_empty) {
+                got.closed = true;
+                break;
+            }
             // The IB packets (BTH onwards; more than one where GRO joined
             // datagrams), and where they came from. Another slot's packets
             // (the address's or interface's other NICs') are handed on.

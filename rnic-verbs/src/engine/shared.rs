@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use rnic_core::time::Time;
 use rustix::event::{eventfd, EventfdFlags};
 
-use super::receive::Rx;
+use super::receive::{Received, Rx};
 use super::state::EngineState;
 
 /// Batches of what waits on the first socket taken in when steering starts
@@ -183,12 +183,17 @@ impl Shared {
         if on {
             self.steered_once.store(true, Ordering::Relaxed);
             for _ in 0..STEER_DRAIN {
-                if st.receive(self.rx(), &self.socket, false, false).packets < crate::udp::BATCH {
+                let got = self.receive(&mut st, self.rx(), false, false, crate::udp::BATCH);
+                if got.packets < crate::udp::BATCH {
                     break;
                 }
             }
         } else if let Some(r) = self.responses_rx() {
-            while st.receive(r, &self.socket, false, false).packets > 0 {}
+            while self
+                .receive(&mut st, r, false, false, crate::udp::BATCH)
+                .packets
+                > 0
+            {}
         }
         self.publish(&st);
         self.steering.store(on, Ordering::SeqCst);
@@ -216,12 +221,33 @@ impl Shared {
         }
     }
 
+    /// One batch from `rx` into `st`, as [`EngineState::receive_at_most`]
+    /// takes it in; if that found the inbox's other end closed, the inbox
+    /// is quietened ([`Shared::inbox_closed`]). Every receive goes through
+    /// here: whichever thread reads the end first deals with it, and none
+    /// reads it again (it reads as an empty message at every try, and a
+    /// batch of them as a full batch).
+    pub(super) fn receive(
+        &self,
+        st: &mut EngineState,
+        rx: Rx<'_>,
+        may_hold: bool,
+        program_active: bool,
+        most: usize,
+    ) -> Received {
+        let got = st.receive_at_most(rx, &self.socket, may_hold, program_active, most);
+        if got.closed {
+            self.inbox_closed();
+        }
+        got
+    }
+
     /// The NIC that received this one's packets has closed its end (it is
     /// gone): nothing more comes in there. The descriptor is replaced by
     /// one that never becomes readable (an eventfd nobody writes), so the
     /// threads that watch or read it need not know.
     #[allow(unsafe_code)]
-    pub(super) fn inbox_closed(&self) {
+    fn inbox_closed(&self) {
         let Some(inbox) = &self.inbox else { return };
         tracing::warn!(
             "the NIC that received this address's packets has closed: this NIC receives no more"

@@ -3,7 +3,7 @@
 //! timers, lingers where that pays (see [`super::sched`]) and otherwise
 //! sleeps in poll(2) until a datagram, a wake-up or the next deadline.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
                 // the lock before the next batch of a flood.
                 let mut st = sh.state.lock();
                 let active = Watch::pollers_about(sh.clock(), sh.last_active());
-                let got = st.receive(rx, &sh.socket, false, active);
+                let got = sh.receive(&mut st, rx, false, active, crate::udp::BATCH);
                 sh.publish(&st);
                 parking_lot::MutexGuard::unlock_fair(st);
                 received += got.packets;
@@ -215,13 +215,6 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
         if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
             sh.state.lock().relay.accept();
         }
-        let inbox = sh.inbox.as_ref().map(|i| i.as_raw_fd());
-        if fds[..watched]
-            .iter()
-            .any(|f| Some(f.as_fd().as_raw_fd()) == inbox && f.revents().contains(PollFlags::HUP))
-        {
-            sh.inbox_closed();
-        }
         sh.responses_left.store(false, Ordering::SeqCst);
     }
 }
@@ -284,7 +277,7 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
 /// fairly), `program_active` as [`EngineState::receive`](super::state::EngineState::receive) takes it.
 fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> Received {
     let mut st = sh.state.lock();
-    let got = st.receive(rx, &sh.socket, false, program_active);
+    let got = sh.receive(&mut st, rx, false, program_active, crate::udp::BATCH);
     sh.publish(&st);
     parking_lot::MutexGuard::unlock_fair(st);
     sh.engine_packets
