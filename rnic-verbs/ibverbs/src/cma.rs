@@ -212,6 +212,17 @@ fn unspecified(a: IpAddr) -> bool {
     a.is_unspecified()
 }
 
+/// Whether an id bound to `a` is bound to no device: the wildcard address,
+/// or, as the kernel's rdma_cm has it, a loopback address that none of
+/// this process's devices holds. The kernel binds 127.0.0.1 on a host
+/// whose RDMA devices are on other interfaces with no device, and a listen
+/// there listens on every device, for requests to any of their addresses
+/// (libfabric's verbs provider listens on "localhost" when given no
+/// address).
+fn deviceless(a: IpAddr) -> bool {
+    a.is_unspecified() || (a.is_loopback() && device_of(a).is_err())
+}
+
 // ---- event channels ----
 
 /// `struct rdma_event_channel`: its `fd` is the channel's descriptor.
@@ -466,11 +477,11 @@ fn bind(i: &Id, at: SocketAddr) -> Result<(), i32> {
     if i.state().claim.is_some() {
         return Err(libc::EINVAL);
     }
-    // The addresses the id will be reached at: the one it names, or on
-    // the wildcard address, every address of this process's devices of
-    // its family (of both, for IPv6's, as the kernel's dual-stack port
-    // space has it).
-    let addrs: Vec<IpAddr> = if unspecified(at.ip()) {
+    // The addresses the id will be reached at: the one it names, or bound
+    // to no device (the wildcard address, see `deviceless`), every address
+    // of this process's devices of its family (of both, for IPv6's, as the
+    // kernel's dual-stack port space has it).
+    let addrs: Vec<IpAddr> = if deviceless(at.ip()) {
         let mut v = Vec::new();
         for (ctx, _) in all_devices()? {
             let c = context(ctx)?;
@@ -538,8 +549,8 @@ pub unsafe extern "C" fn rdma_resolve_addr(
             bind(i, SocketAddr::new(local_ip, src.map_or(0, |s| s.port())))?;
         }
         let local = i.state().local.ok_or(libc::EINVAL)?;
-        if unspecified(local.ip()) {
-            // Bound to the wildcard address: the device that reaches dst.
+        if deviceless(local.ip()) {
+            // Bound to no device: the device that reaches dst.
             let (ctx, pd, ip) = route_to(dst.ip())?;
             set_device(i, ctx, pd);
             set_route_addrs(i, Some(SocketAddr::new(ip, local.port())), None);
@@ -646,7 +657,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut cs::rdma_cm_id, backlog: c_int) ->
             (st.local.ok_or(libc::EINVAL)?, st.ps.ok_or(libc::EINVAL)?)
         };
         let service = rnic_wire::cm::service_id(ps, local.port());
-        let devices = if unspecified(local.ip()) {
+        let devices = if deviceless(local.ip()) {
             all_devices()?
         } else {
             vec![device_of(local.ip())?]
@@ -1673,6 +1684,19 @@ pub unsafe extern "C" fn rdma_migrate_id(
         };
         // SAFETY: the program's channel, or ours.
         let ch = unsafe { Channel::from_c(c)? }.ch.clone();
+        // A synchronous id holds the event its last call waited for (see
+        // `complete`): it goes now, as librdmacm's does, or the wait below
+        // would never end (libfabric's verbs provider migrates the id it
+        // resolved synchronously).
+        if i.sync() {
+            // SAFETY: our C part.
+            let c = unsafe { &mut *i.c() };
+            if !c.event.is_null() {
+                // SAFETY: the event handed to the id before.
+                unsafe { rdma_ack_cm_event(c.event) };
+                c.event = std::ptr::null_mut();
+            }
+        }
         // Events of the old channel handed out must be acknowledged first.
         let mut ev = lock(&i.events);
         while ev.1 < ev.0 {

@@ -8,6 +8,11 @@
  *   - the event channel is a descriptor: poll() finds it readable exactly
  *     while an event waits, and non-blocking it fails with EAGAIN;
  *   - both sides get DISCONNECTED;
+ *   - a synchronous id (no channel) that resolved an address moves to a
+ *     channel with rdma_migrate_id (the event it holds is let go);
+ *   - 127.0.0.1, which no NIC holds here, binds to no device, and a
+ *     listener there hears requests to rnic0's address (the kernel's
+ *     rdma_cm has it so; libfabric listens on "localhost");
  *   - 100 connections opened and closed leave no descriptor behind.
  * Built against the installed <rdma/rdma_cma.h>, run on rnic's library. */
 #include <rdma/rdma_cma.h>
@@ -127,6 +132,7 @@ static void disconnect_destroy(struct rdma_cm_id *act, struct rdma_cm_id *pas)
 
 int main(void)
 {
+	alarm(20); /* a call that never returns fails the test */
 	struct ibv_context **devs = rdma_get_devices(NULL);
 	CHECK(devs && devs[0]);
 	union ibv_gid gid;
@@ -211,6 +217,40 @@ int main(void)
 	CHECK(e->status != 0);
 	rdma_ack_cm_event(e);
 	CHECK_EQ(rdma_destroy_id(act), 0);
+
+	/* A synchronous id, resolved, moved to the channel. */
+	struct rdma_cm_id *sync_id;
+	CHECK_EQ(rdma_create_id(NULL, &sync_id, NULL, RDMA_PS_TCP), 0);
+	CHECK_EQ(rdma_resolve_addr(sync_id, NULL, (struct sockaddr *)&at, 2000), 0);
+	CHECK_EQ(rdma_migrate_id(sync_id, ch), 0);
+	CHECK(sync_id->channel == ch);
+	CHECK_EQ(rdma_destroy_id(sync_id), 0);
+
+	/* A listener on 127.0.0.1: no device, every device's addresses. */
+	struct sockaddr_in lo = at;
+	inet_pton(AF_INET, "127.0.0.1", &lo.sin_addr);
+	lo.sin_port = htons(20888);
+	struct rdma_cm_id *lo_listener;
+	CHECK_EQ(rdma_create_id(ch, &lo_listener, NULL, RDMA_PS_TCP), 0);
+	CHECK_EQ(rdma_bind_addr(lo_listener, (struct sockaddr *)&lo), 0);
+	CHECK(!lo_listener->verbs);
+	CHECK_EQ(rdma_listen(lo_listener, 8), 0);
+	struct sockaddr_in via = at;
+	via.sin_port = htons(20888);
+	act = resolved(&via);
+	make_qp(act);
+	CHECK_EQ(rdma_connect(act, &p), 0);
+	e = expect(RDMA_CM_EVENT_CONNECT_REQUEST);
+	CHECK(e->listen_id == lo_listener);
+	pas = e->id;
+	rdma_ack_cm_event(e);
+	CHECK_EQ(rdma_reject(pas, NULL, 0), 0);
+	e = expect(RDMA_CM_EVENT_REJECTED);
+	rdma_ack_cm_event(e);
+	rdma_destroy_qp(act);
+	CHECK_EQ(rdma_destroy_id(act), 0);
+	CHECK_EQ(rdma_destroy_id(pas), 0);
+	CHECK_EQ(rdma_destroy_id(lo_listener), 0);
 
 	/* 100 connections opened and closed: no descriptor left behind. */
 	connect_accept(&act, &pas, 0);
