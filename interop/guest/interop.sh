@@ -32,13 +32,7 @@ if [ -s /mnt/host/netem ]; then
     $tc qdisc show
 fi
 rxe_on_eth0 || exit 2
-# librdmacm's device, the kernel's CM (devtmpfs makes it as rdma_ucm loads;
-# made here from sysfs if not).
-if [ ! -c /dev/infiniband/rdma_cm ] && [ -f /sys/class/misc/rdma_cm/dev ]; then
-    mkdir -p /dev/infiniband
-    mm=$(cat /sys/class/misc/rdma_cm/dev)
-    mknod /dev/infiniband/rdma_cm c "${mm%%:*}" "${mm##*:}"
-fi
+rdma_cm_device
 grep . /sys/class/infiniband/rxe0/ports/1/gids/* | grep -v ':0000:0000:0000:0000:0000:0000:0000:0000$'
 : >$out/results
 failed=0
@@ -73,10 +67,6 @@ wait_for() {
         [ -e "$1" ] && return
         sleep 0.5
     done
-}
-# cm_listening PORT: whether the kernel's CM has a listener on PORT.
-cm_listening() {
-    rdma res show cm_id 2>/dev/null | grep LISTEN | grep -qE ":$1( |\$)"
 }
 # cm_run NAME CASE-PORT PROG ARGS...: a run through rdma_cm, both ways (see
 # cm_run in interop/rxe-interop).

@@ -21,11 +21,7 @@ failed=0
 # rping connects through rdma_cm (the kernel's CM): each side's server
 # says when it listens (/mnt/host/out/NAME.listening), and the other
 # side's client starts then.
-if [ ! -c /dev/infiniband/rdma_cm ] && [ -f /sys/class/misc/rdma_cm/dev ]; then
-    mkdir -p /dev/infiniband
-    mm=$(cat /sys/class/misc/rdma_cm/dev)
-    mknod /dev/infiniband/rdma_cm c "${mm%%:*}" "${mm##*:}"
-fi
+rdma_cm_device
 while read -r name role port prog args; do
     args=$(echo "$args" | sed "s/GID4/$gid4/g; s/GID6/$gid6/g")
     if [ "$prog" = rping ] && [ "$role" = server ]; then
@@ -33,7 +29,7 @@ while read -r name role port prog args; do
         timeout 180 rping -s $args -p "$port" </dev/null >"$out/$name.txt" 2>&1 &
         pid=$!
         for _ in $(seq 300); do
-            rdma res show cm_id 2>/dev/null | grep LISTEN | grep -qE ":$port( |\$)" && break
+            cm_listening "$port" && break
             kill -0 $pid 2>/dev/null || break
             sleep 0.1
         done

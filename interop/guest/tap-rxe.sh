@@ -23,3 +23,18 @@ rxe_on_eth0() {
     done)
     [ -n "$gid4" ] && [ -n "$gid6" ] || return 2
 }
+
+# rdma_cm_device: librdmacm's device, the kernel's CM (devtmpfs makes it as
+# rdma_ucm loads; made here from sysfs if not).
+rdma_cm_device() {
+    if [ ! -c /dev/infiniband/rdma_cm ] && [ -f /sys/class/misc/rdma_cm/dev ]; then
+        mkdir -p /dev/infiniband
+        mm=$(cat /sys/class/misc/rdma_cm/dev)
+        mknod /dev/infiniband/rdma_cm c "${mm%%:*}" "${mm##*:}"
+    fi
+}
+
+# cm_listening PORT: whether the kernel's CM has a listener on PORT.
+cm_listening() {
+    rdma res show cm_id 2>/dev/null | grep LISTEN | grep -qE ":$1( |\$)"
+}

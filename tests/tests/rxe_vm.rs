@@ -182,6 +182,15 @@ fn rping_info(addr: u64, rkey: u32, len: u32) -> [u8; 16] {
     b
 }
 
+/// The address, R_Key and length of a `struct rping_rdma_info`
+/// ([`rping_info`] read back).
+fn parse_rping_info(b: &[u8; 16]) -> (u64, u32, usize) {
+    let addr = u64::from_be_bytes(b[..8].try_into().unwrap());
+    let rkey = u32::from_be_bytes(b[8..12].try_into().unwrap());
+    let len = u32::from_be_bytes(b[12..].try_into().unwrap());
+    (addr, rkey, len as usize)
+}
+
 /// rnic's side of an rping case, through the CM with rnic-verbs' API:
 /// as the client, it advertises a buffer, lets rxe's server READ it and
 /// WRITE it back into a second one, and checks every byte; as the server,
@@ -311,10 +320,7 @@ fn peer_rping(iface: &str, c: &Case) -> std::result::Result<String, String> {
                 .map_err(e("a request"))?;
             let conn = request.accept(&qp, &[], wait).map_err(e("accept"))?;
             for ping in 0..c.iters {
-                let info = recv()?;
-                let addr = u64::from_be_bytes(info[..8].try_into().unwrap());
-                let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap());
-                let len = u32::from_be_bytes(info[12..].try_into().unwrap()) as usize;
+                let (addr, rkey, len) = parse_rping_info(&recv()?);
                 if len != c.size {
                     return Err(format!("ping {ping}: rping advertised {len} bytes"));
                 }
@@ -335,9 +341,7 @@ fn peer_rping(iface: &str, c: &Case) -> std::result::Result<String, String> {
                     ));
                 }
                 send([0; 16])?; // go ahead
-                let info = recv()?;
-                let addr = u64::from_be_bytes(info[..8].try_into().unwrap());
-                let rkey = u32::from_be_bytes(info[8..12].try_into().unwrap());
+                let (addr, rkey, _) = parse_rping_info(&recv()?);
                 let n = got.iter().position(|&b| b == 0).unwrap() + 1;
                 let write = SendWr::new(
                     3,
