@@ -47,7 +47,7 @@ enum Source<'a> {
     Frame(&'a [u8]),
 }
 
-/// What one [`EngineState::receive`] took in.
+/// What one [`EngineState::receive_at_most`] took in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Received {
     /// Packets (0: none was waiting).

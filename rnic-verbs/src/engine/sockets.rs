@@ -66,7 +66,7 @@ pub(super) fn open_socket_shared(
 /// for one NIC, for as long as the returned socket is open. The NIC's two
 /// sockets on the port let sockets that ask for SO_REUSEPORT join them, so
 /// the port alone no longer says the address is taken: an abstract Unix
-/// socket named after it does (as [`crate::frames::claim_slot`]'s). A
+/// socket named after it does (as [`super::relay::claim_slot`]'s). A
 /// program that binds the port without SO_REUSEPORT is refused by the
 /// kernel as before.
 ///

@@ -274,7 +274,7 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
 }
 
 /// Away from the socket, one batch from `rx` under the lock (handed on
-/// fairly), `program_active` as [`EngineState::receive`](super::state::EngineState::receive) takes it.
+/// fairly), `program_active` as [`EngineState::receive_at_most`](super::state::EngineState::receive_at_most) takes it.
 fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> Received {
     let mut st = sh.state.lock();
     let got = sh.receive(&mut st, rx, false, program_active, crate::udp::BATCH);
