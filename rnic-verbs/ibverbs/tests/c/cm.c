@@ -68,6 +68,18 @@ static void make_qp(struct rdma_cm_id *id)
 	CHECK(id->qp && id->send_cq && id->recv_cq);
 }
 
+/* An active id with a QP, its connect request sent to rnic0's address at
+ * `port`. */
+static struct rdma_cm_id *connecting(unsigned short port, struct rdma_conn_param *p)
+{
+	struct sockaddr_in to = at;
+	to.sin_port = htons(port);
+	struct rdma_cm_id *id = resolved(&to);
+	make_qp(id);
+	CHECK_EQ(rdma_connect(id, p), 0);
+	return id;
+}
+
 static int open_fds(void)
 {
 	int n = 0;
@@ -82,11 +94,9 @@ static int open_fds(void)
 /* Connect an active id to the listener and accept it; both established. */
 static void connect_accept(struct rdma_cm_id **act, struct rdma_cm_id **pas, int check_data)
 {
-	*act = resolved(&at);
-	make_qp(*act);
 	struct rdma_conn_param p = { .private_data = "hello", .private_data_len = 5,
 		.responder_resources = 1, .initiator_depth = 1, .retry_count = 7, .rnr_retry_count = 7 };
-	CHECK_EQ(rdma_connect(*act, &p), 0);
+	*act = connecting(ntohs(at.sin_port), &p);
 	struct rdma_cm_event *e = expect(RDMA_CM_EVENT_CONNECT_REQUEST);
 	*pas = e->id;
 	if (check_data) {
@@ -175,11 +185,9 @@ int main(void)
 	disconnect_destroy(act, pas);
 
 	/* rdma_reject with private data. */
-	act = resolved(&at);
-	make_qp(act);
 	struct rdma_conn_param p = { .responder_resources = 1, .initiator_depth = 1,
 		.retry_count = 7, .rnr_retry_count = 7 };
-	CHECK_EQ(rdma_connect(act, &p), 0);
+	act = connecting(ntohs(at.sin_port), &p);
 	CHECK_EQ(poll(&pfd, 1, 5000), 1);
 	e = expect(RDMA_CM_EVENT_CONNECT_REQUEST);
 	pas = e->id;
@@ -197,11 +205,7 @@ int main(void)
 	CHECK_EQ(rdma_destroy_id(pas), 0);
 
 	/* A port nobody listens on. */
-	struct sockaddr_in nobody = at;
-	nobody.sin_port = htons(20887);
-	act = resolved(&nobody);
-	make_qp(act);
-	CHECK_EQ(rdma_connect(act, &p), 0);
+	act = connecting(20887, &p);
 	e = expect(RDMA_CM_EVENT_REJECTED);
 	CHECK_EQ(e->status, 8);
 	rdma_ack_cm_event(e);
@@ -235,11 +239,7 @@ int main(void)
 	CHECK_EQ(rdma_bind_addr(lo_listener, (struct sockaddr *)&lo), 0);
 	CHECK(!lo_listener->verbs);
 	CHECK_EQ(rdma_listen(lo_listener, 8), 0);
-	struct sockaddr_in via = at;
-	via.sin_port = htons(20888);
-	act = resolved(&via);
-	make_qp(act);
-	CHECK_EQ(rdma_connect(act, &p), 0);
+	act = connecting(20888, &p);
 	e = expect(RDMA_CM_EVENT_CONNECT_REQUEST);
 	CHECK(e->listen_id == lo_listener);
 	pas = e->id;
