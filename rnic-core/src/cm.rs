@@ -703,6 +703,23 @@ impl CmAgent {
         }
     }
 
+    /// A REQ that rdma_cm refuses before any connection is made (its
+    /// header or QP type is not its port space's): REJ 28 (consumer
+    /// defined) if somebody listens for its service ID, as the kernel's
+    /// rdma_cm answers, else REJ 8 as for any REQ nobody listens for. No
+    /// state is kept. Whether somebody listens.
+    pub fn refuse_request(&mut self, from: IpAddr, tid: u64, req: &Req) -> bool {
+        let listening = self.listening.contains_key(&req.service_id);
+        let why = if listening {
+            reason::CONSUMER_DEFINED
+        } else {
+            reason::INVALID_SERVICE_ID
+        };
+        let rej = Rej::new(0, req.local_comm_id, Answered::Req, why);
+        self.send(from, Mad::new(tid, Message::Rej(rej)));
+        listening
+    }
+
     /// A SIDR_REQ: refused with status UNSUPPORTED if nobody listens (the
     /// kernel's answer), dropped if it repeats one the application has not
     /// answered yet or the listener's backlog is full, else a request.

@@ -15,7 +15,9 @@ use rnic_core::sim::{Cluster, LinkConfig};
 use rnic_core::time::Time;
 use rnic_wire::cm::Path;
 
-const SERVICE: u64 = 0x0106_4e20;
+/// A service ID of the IB CM's own: the REQs here carry no rdma_cm header,
+/// which rdma_cm's port spaces would refuse (REJ 28).
+const SERVICE: u64 = 0x1000_0000_0000_4e20;
 
 fn cases() -> u32 {
     std::env::var("RNIC_SIM_CASES")

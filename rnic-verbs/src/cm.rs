@@ -355,6 +355,13 @@ impl Device {
     pub fn gsi_counters(&self) -> Result<rnic_core::nic::GsiCounters> {
         Ok(self.engine.call(|st| st.nic.gsi_counters())?)
     }
+
+    /// How many connections the NIC's connection manager holds, in any
+    /// state (timewait included): what a peer that never finished a
+    /// connection, or a hostile one, left behind.
+    pub fn cm_connections(&self) -> Result<usize> {
+        Ok(self.engine.call(|st| st.nic.cm().connections())?)
+    }
 }
 
 /// The local ACK timeout exponent of a connection rdma_cm makes over RoCE,

@@ -151,18 +151,21 @@ fn a_hostile_cm_peer_is_dropped_counted_and_harmless() {
     evil.send_mad(b.addr(), &Mad::new(3, Message::Dreq(dreq)));
     gsi_reaches(&b, |g| g.mads_sent, sent + 1);
 
-    // A request whose rdma_cm header names another sender: dropped, counted.
+    // A request whose rdma_cm header names another sender: refused with
+    // REJ 28, as the kernel's rdma_cm refuses a header it cannot route
+    // back (tests/tests/cm_hostile_vm.rs compares the two), counted.
     let lie = evil.request(SocketAddr::new([127, 0, 44, 99].into(), 5001), to);
     evil.send_mad(b.addr(), &lie);
     assert_eq!(
-        gsi_reaches(&b, |g| g.dropped_false_addresses, 1),
+        gsi_reaches(&b, |g| g.rejected_rdma_cm, 1),
         1,
         "the lying request is counted"
     );
     // None of it reached the listener.
     assert!(listener.next(Duration::from_millis(100)).is_err());
     let g = b.gsi_counters().unwrap();
-    assert_eq!(g.mads_sent, sent + 1, "only the DREP was answered: {g:?}");
+    assert_eq!(g.mads_sent, sent + 2, "the DREP and the REJ: {g:?}");
+    assert_eq!(b.cm_connections().unwrap(), 0, "nothing kept");
 
     // A flood of requests that never complete: the listener holds at most
     // its backlog of them; the rest are dropped, as the kernel's CM drops

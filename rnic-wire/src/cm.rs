@@ -377,16 +377,23 @@ impl Mra {
 pub mod reason {
     /// No QP available.
     pub const NO_QP: u16 = 1;
+    /// Timeout: the REP or RTU never came.
+    pub const TIMEOUT: u16 = 4;
+    /// Unsupported request.
+    pub const UNSUPPORTED: u16 = 5;
     /// Invalid communication ID.
-    pub const INVALID_COMM_ID: u16 = 5;
+    pub const INVALID_COMM_ID: u16 = 6;
     /// Invalid communication instance.
-    pub const INVALID_COMM_INSTANCE: u16 = 6;
+    pub const INVALID_COMM_INSTANCE: u16 = 7;
     /// Invalid service ID: nobody listens there.
     pub const INVALID_SERVICE_ID: u16 = 8;
     /// Stale connection.
     pub const STALE_CONN: u16 = 10;
-    /// Timeout.
-    pub const TIMEOUT: u16 = 26;
+    /// Primary remote port GID rejected: the kernel's answer to a REQ whose
+    /// path it cannot make an address from.
+    pub const INVALID_GID: u16 = 12;
+    /// Invalid MTU.
+    pub const INVALID_MTU: u16 = 26;
     /// Consumer defined: the application said no.
     pub const CONSUMER_DEFINED: u16 = 28;
 }

@@ -29,6 +29,22 @@ pub const CLASS_CM: u8 = 0x07;
 pub const CM_CLASS_VERSION: u8 = 2;
 /// Method Send (IBTA 13.4.5): how every CM message travels.
 pub const METHOD_SEND: u8 = 0x03;
+/// Method Get (IBTA 13.4.5): a request for an attribute.
+pub const METHOD_GET: u8 = 0x01;
+/// Method Set: a request to change an attribute.
+pub const METHOD_SET: u8 = 0x02;
+/// Method GetResp: the answer to a Get or a Set.
+pub const METHOD_GET_RESP: u8 = 0x81;
+/// Management class of LID-routed subnet management (QP 0's, never QP 1's).
+pub const CLASS_SUBN_LID_ROUTED: u8 = 0x01;
+/// Management class of directed-route subnet management (QP 0's).
+pub const CLASS_SUBN_DIRECTED_ROUTE: u8 = 0x81;
+/// AttributeID ClassPortInfo, which every class defines (IBTA 13.4.8.1).
+pub const ATTR_CLASS_PORT_INFO: u16 = 0x0001;
+/// MAD status (IBTA Table 111): the method or the method/attribute
+/// combination is not supported (bits 2-4 = 3, "unsupported method/attribute
+/// combination").
+pub const STATUS_UNSUPPORTED_METHOD_ATTRIBUTE: u16 = 0x000C;
 
 mod field {
     use crate::field::Field;

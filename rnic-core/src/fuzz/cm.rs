@@ -28,7 +28,9 @@ use crate::{Datagram, Nic};
 
 const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 9, 0, 1));
 const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 9, 0, 2));
-const SERVICE: u64 = 0x0106_4e20;
+/// A service ID of the IB CM's own: the REQs here carry no rdma_cm header,
+/// which rdma_cm's port spaces would refuse (REJ 28).
+const SERVICE: u64 = 0x1000_0000_0000_4e20;
 const BACKLOG: usize = 3;
 
 fn gid(a: IpAddr) -> core::net::Ipv6Addr {

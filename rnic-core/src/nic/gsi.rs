@@ -15,7 +15,7 @@
 use core::net::IpAddr;
 
 use rnic_wire::cm::Mad;
-use rnic_wire::mad::{GSI_QKEY, GSI_QPN, MAD_LEN};
+use rnic_wire::mad::{self, GSI_QKEY, GSI_QPN, MAD_LEN};
 use rnic_wire::{bth, deth, icrc, IbPacket, IbRepr, Opcode, Psn};
 
 use crate::cm::{CmAgent, CmEvent};
@@ -54,14 +54,23 @@ pub struct GsiCounters {
     /// Packets to QP 1 dropped: not a UD SEND_ONLY, a P_Key of another
     /// partition, a Q_Key other than the GSI's.
     pub dropped_bad_header: u64,
-    /// MADs dropped: short, not base version 1, a management class other
-    /// than the CM's, an attribute the CM does not define.
+    /// MADs dropped, as the kernel's MAD layer and CM drop them: not 256
+    /// bytes, not base version 1, a subnet management class (QP 0's), a
+    /// CM method other than Send, a class or class version nobody serves,
+    /// an attribute the CM does not define.
     pub dropped_bad_mad: u64,
-    /// rdma_cm requests (REQ, SIDR_REQ) dropped because the addresses in
-    /// their rdma_cm header are not the packet's: a source other than the
-    /// one it came from, or a destination that is not this NIC's (the
-    /// kernel's rdma_cm drops such a request too, having checked that the
-    /// header's addresses route over the interface it came in on).
+    /// Get and Set requests of a class nobody serves, answered with a
+    /// GetResp of status "unsupported method/attribute" (0x000C), as the
+    /// kernel's MAD layer answers them.
+    pub answered_unsupported: u64,
+    /// rdma_cm requests (REQ) for a port somebody listens on, refused with
+    /// REJ 28 as the kernel's rdma_cm refuses them: their rdma_cm header
+    /// is not one (version, IP version), names addresses that are not the
+    /// packet's (a source other than the one it came from, a destination
+    /// that is not this NIC's), or the QP type is not the port space's.
+    pub rejected_rdma_cm: u64,
+    /// SIDR requests whose rdma_cm header names addresses that are not the
+    /// packet's, dropped.
     pub dropped_false_addresses: u64,
 }
 
@@ -121,6 +130,11 @@ impl Nic {
 
     /// A MAD to `to`'s QP 1, from the NIC's address of its family.
     fn send_mad(&mut self, to: IpAddr, mad: &Mad) {
+        self.send_mad_with(to, |b| mad.emit(b));
+    }
+
+    /// A MAD that `emit` writes into its 256 bytes, to `to`'s QP 1.
+    fn send_mad_with(&mut self, to: IpAddr, emit: impl FnOnce(&mut [u8])) {
         let Some(src) = self.source_for(to) else {
             self.counters.send_err += 1;
             return;
@@ -140,7 +154,7 @@ impl Nic {
         let mut buf = self.pool.take();
         buf.clear();
         buf.resize(ib.buffer_len(), 0);
-        if ib.emit_with(&mut buf, |p| mad.emit(p)).is_err() {
+        if ib.emit_with(&mut buf, emit).is_err() {
             self.counters.send_err += 1;
             return;
         }
@@ -175,40 +189,75 @@ impl Nic {
             self.gsi_counters.dropped_bad_header += 1;
             return;
         }
-        // A MAD is 256 bytes; what a sender pads it to beyond that is
-        // not the MAD's.
-        let Some(mad) = pkt
-            .payload()
-            .get(..MAD_LEN)
-            .and_then(|b| Mad::parse(b).ok())
-        else {
+        let payload = pkt.payload();
+        let Some(verdict) = mad_verdict(payload) else {
             self.gsi_counters.dropped_bad_mad += 1;
             return;
         };
         self.counters.rcvd_pkts += 1;
         self.gsi_counters.mads_received += 1;
-        if !self.cma_addresses_hold(src, &mad) {
-            self.gsi_counters.dropped_false_addresses += 1;
-            return;
+        let mad = match verdict {
+            Verdict::Cm(mad) => mad,
+            Verdict::Unsupported => {
+                // The request comes back as its response: method GetResp,
+                // status "unsupported method/attribute combination".
+                self.gsi_counters.answered_unsupported += 1;
+                self.send_mad_with(src, |b| {
+                    b.copy_from_slice(&payload[..MAD_LEN]);
+                    let mut p = mad::Packet::new_unchecked(b);
+                    p.set_method(mad::METHOD_GET_RESP);
+                    p.set_status(mad::STATUS_UNSUPPORTED_METHOD_ATTRIBUTE);
+                });
+                return;
+            }
+        };
+        match self.rdma_cm_check(src, &mad) {
+            RdmaCm::Holds => self.cm_call(now, |cm, now| cm.on_mad(now, src, &mad)),
+            RdmaCm::Refused(req) => {
+                let tid = mad.header.transaction_id;
+                if self.cm_call(now, |cm, _| cm.refuse_request(src, tid, &req)) {
+                    self.gsi_counters.rejected_rdma_cm += 1;
+                }
+            }
+            RdmaCm::FalseAddresses => self.gsi_counters.dropped_false_addresses += 1,
         }
-        self.cm_call(now, |cm, now| cm.on_mad(now, src, &mad));
     }
 
-    /// Whether an rdma_cm request's header names the addresses the packet
-    /// came from and to (any other MAD: true).
-    fn cma_addresses_hold(&self, src: IpAddr, mad: &Mad) -> bool {
+    /// Whether an rdma_cm request holds: its header is rdma_cm's and names
+    /// the addresses the packet came from and to, and a REQ's transport is
+    /// its port space's (any other MAD holds).
+    fn rdma_cm_check(&self, src: IpAddr, mad: &Mad) -> RdmaCm {
         use rnic_wire::cm::{CmaHeader, Message, PortSpace};
         let (service, data) = match &mad.message {
             Message::Req(r) => (r.service_id, &r.private_data[..]),
             Message::SidrReq(r) => (r.service_id, &r.private_data[..]),
-            _ => return true,
+            _ => return RdmaCm::Holds,
         };
         // rdma_cm's service IDs: 0x0000_0000_01PP_pppp (port space, port).
-        let rdma_cm =
-            service >> 24 == 1 && PortSpace::from_number((service >> 16) as u16).is_some();
-        match CmaHeader::parse(data) {
-            Some(h) if rdma_cm => h.src == src && self.addrs.contains(&h.dst),
-            _ => true,
+        let space = match PortSpace::from_number((service >> 16) as u16) {
+            Some(s) if service >> 24 == 1 => s,
+            _ => return RdmaCm::Holds,
+        };
+        let holds =
+            CmaHeader::parse(data).is_some_and(|h| h.src == src && self.addrs.contains(&h.dst));
+        match &mad.message {
+            Message::Req(r) => {
+                // rdma_cm's TCP port space connects RC QPs, its UDP port
+                // space none (UD is resolved by SIDR), its IB port space
+                // RC or UC.
+                let served = match space {
+                    PortSpace::Tcp => r.transport_service_type == 0,
+                    PortSpace::Udp => false,
+                    PortSpace::Ib | PortSpace::Ipoib => r.transport_service_type <= 1,
+                };
+                if holds && served {
+                    RdmaCm::Holds
+                } else {
+                    RdmaCm::Refused(Box::new(*r))
+                }
+            }
+            _ if holds => RdmaCm::Holds,
+            _ => RdmaCm::FalseAddresses,
         }
     }
 
@@ -230,6 +279,53 @@ impl Nic {
     }
 }
 
+/// What QP 1 makes of a MAD.
+enum Verdict {
+    /// A CM message.
+    Cm(Box<Mad>),
+    /// A Get or Set of a class or attribute nobody here serves.
+    Unsupported,
+}
+
+/// The checks of the kernel's MAD layer and CM, in its order (`None`: the
+/// MAD is dropped): 256 bytes, base version 1, not a subnet management
+/// class, a CM MAD with method Send unless it is about ClassPortInfo;
+/// then the CM (class version 2, method Send, an attribute it defines)
+/// takes it, or a Get or a Set is answered as unsupported.
+fn mad_verdict(payload: &[u8]) -> Option<Verdict> {
+    if payload.len() != MAD_LEN {
+        return None;
+    }
+    let h = mad::Repr::parse(&mad::Packet::new_checked(payload).ok()?).ok()?;
+    if h.base_version != mad::BASE_VERSION
+        || matches!(
+            h.mgmt_class,
+            mad::CLASS_SUBN_LID_ROUTED | mad::CLASS_SUBN_DIRECTED_ROUTE
+        )
+        || (h.mgmt_class == mad::CLASS_CM
+            && h.attribute_id != mad::ATTR_CLASS_PORT_INFO
+            && h.method != mad::METHOD_SEND)
+    {
+        return None;
+    }
+    if h.mgmt_class == mad::CLASS_CM
+        && h.class_version == mad::CM_CLASS_VERSION
+        && h.method == mad::METHOD_SEND
+    {
+        return Mad::parse(payload).ok().map(|m| Verdict::Cm(Box::new(m)));
+    }
+    matches!(h.method, mad::METHOD_GET | mad::METHOD_SET).then_some(Verdict::Unsupported)
+}
+
+/// What [`Nic::rdma_cm_check`] found.
+enum RdmaCm {
+    Holds,
+    /// A REQ the CM refuses (REJ 28, or 8 if nobody listens).
+    Refused(Box<rnic_wire::cm::Req>),
+    /// A SIDR_REQ whose header names other addresses.
+    FalseAddresses,
+}
+
 #[cfg(test)]
 mod tests {
     use core::net::{Ipv4Addr, Ipv6Addr};
@@ -244,7 +340,11 @@ mod tests {
 
     const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
     const B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-    const SERVICE: u64 = 0x0106_4e20;
+    /// A service ID of the IB CM's own, outside rdma_cm's port spaces: no
+    /// rdma_cm header is asked for.
+    const SERVICE: u64 = 0x1000_0000_0000_4e20;
+    /// rdma_cm's TCP port 20000.
+    const RDMA_CM_SERVICE: u64 = 0x0106_4e20;
 
     fn gid(a: IpAddr) -> Ipv6Addr {
         match a {
@@ -318,36 +418,71 @@ mod tests {
     /// names an address that is not the listener's NIC's, is dropped and
     /// counted: no request reaches the listener, nothing is answered. The
     /// same request with its true addresses is taken.
+    /// rdma_cm's checks of a REQ, after the listener's: a header that is
+    /// not rdma_cm's, or names other addresses, or a QP type the port
+    /// space does not connect, is refused with REJ 28 (REJ 8 where nobody
+    /// listens), and nothing is kept.
     #[test]
-    fn a_request_whose_rdma_cm_header_lies_is_dropped() {
+    fn rdma_cm_refuses_a_request_its_header_or_type_does_not_fit() {
         use rnic_wire::cm::CmaHeader;
         const C: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3));
-        for (src, dst, taken) in [(C, B, false), (A, C, false), (A, B, true)] {
-            let mut w = Wire::new();
-            w.nics[1].cm().listen(SERVICE).unwrap();
-            let mut p = connect_params();
-            p.private_data = vec![0; 56];
+        let header = |src, dst, version| {
+            let mut d = vec![0; 56];
             CmaHeader {
                 version: 0,
                 src_port: 4000,
                 src,
                 dst,
             }
-            .emit(&mut p.private_data);
+            .emit(&mut d);
+            d[0] = version;
+            d
+        };
+        // (header, transport, listening, REJ reason or None for taken)
+        let cases = [
+            (header(A, B, 0), 0, true, None),
+            (header(C, B, 0), 0, true, Some(28)),
+            (header(A, C, 0), 0, true, Some(28)),
+            (header(A, B, 1), 0, true, Some(28)),
+            (vec![], 0, true, Some(28)),
+            (header(A, B, 0), 1, true, Some(28)),
+            (header(C, B, 0), 0, false, Some(8)),
+        ];
+        for (k, (data, transport, listening, want)) in cases.into_iter().enumerate() {
+            let mut w = Wire::new();
+            if listening {
+                w.nics[1].cm().listen(RDMA_CM_SERVICE).unwrap();
+            }
+            let mut p = connect_params();
+            p.service_id = RDMA_CM_SERVICE;
+            p.private_data = data;
+            p.transport = transport;
             w.nics[0]
                 .cm_call(Time::ZERO, |cm, now| cm.connect(now, B, &p))
                 .unwrap();
             w.run();
             let got = w.events(1);
             let g = w.nics[1].gsi_counters();
-            assert_eq!(g.mads_received, 1);
-            if taken {
-                assert!(matches!(got[..], [CmEvent::Request { .. }]), "{got:?}");
-                assert_eq!(g.dropped_false_addresses, 0);
-            } else {
-                assert!(got.is_empty(), "{got:?}");
-                assert_eq!(g.dropped_false_addresses, 1);
-                assert_eq!(g.mads_sent, 0, "nothing answered");
+            assert_eq!(g.mads_received, 1, "case {k}");
+            match want {
+                None => {
+                    assert!(
+                        matches!(got[..], [CmEvent::Request { .. }]),
+                        "case {k}: {got:?}"
+                    );
+                    assert_eq!(g.rejected_rdma_cm, 0, "case {k}");
+                }
+                Some(reason) => {
+                    assert!(got.is_empty(), "case {k}: {got:?}");
+                    assert_eq!(w.nics[1].cm().connections(), 0, "case {k}: nothing kept");
+                    assert_eq!(g.mads_sent, 1, "case {k}: one REJ");
+                    let a = w.events(0);
+                    assert!(
+                        matches!(&a[..], [CmEvent::Rejected { reason: r, .. }] if *r == reason),
+                        "case {k}: {a:?}"
+                    );
+                    assert_eq!(g.rejected_rdma_cm, u64::from(listening), "case {k}");
+                }
             }
         }
     }
@@ -552,6 +687,39 @@ mod tests {
     /// GSI's Q_Key carrying a CM MAD (IBTA 13.5.1, as rdma_rxe's
     /// `check_keys` for QP 1): anything else is dropped and counted,
     /// and never reaches a listener.
+    /// A Get or a Set nobody serves comes back as a GetResp of status
+    /// 0x000C, the rest of the MAD as it was: the kernel's MAD layer's
+    /// answer, for the SA's class and for the CM's ClassPortInfo alike.
+    #[test]
+    fn a_get_nobody_serves_is_answered_unsupported() {
+        for (class, attribute, method) in [
+            (0x03, 0x0035, mad::METHOD_GET),
+            (mad::CLASS_CM, mad::ATTR_CLASS_PORT_INFO, mad::METHOD_GET),
+            (0x04, 0x0010, mad::METHOD_SET),
+        ] {
+            let mut m = req_mad();
+            m[1] = class;
+            m[3] = method;
+            m[16..18].copy_from_slice(&attribute.to_be_bytes());
+            let mut b = crate::Nic::new(B, 2);
+            b.handle_datagram(
+                Time::ZERO,
+                &to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &m),
+            );
+            let d = b.poll_transmit().expect("an answer");
+            assert!(b.poll_transmit().is_none());
+            assert_eq!(d.dst, A);
+            let ib = rnic_wire::IbPacket::new_checked(&d.payload[..]).unwrap();
+            assert_eq!(ib.bth().dest_qp(), GSI_QPN);
+            let got = ib.payload();
+            let mut want = m;
+            want[3] = mad::METHOD_GET_RESP;
+            want[4..6].copy_from_slice(&0x000Cu16.to_be_bytes());
+            assert_eq!(got, &want[..], "class {class:#x}");
+            assert_eq!(b.gsi_counters().answered_unsupported, 1);
+        }
+    }
+
     #[test]
     fn qp1_takes_only_gsi_cm_mads() {
         let good = req_mad();
@@ -559,6 +727,17 @@ mod tests {
         other_class[1] = 0x04; // the SA's class
         let mut unknown_attr = good;
         unknown_attr[16..18].copy_from_slice(&0x0099u16.to_be_bytes());
+        let mut base_version = good;
+        base_version[0] = 2;
+        let mut class_version = good;
+        class_version[2] = 1;
+        let mut long = good.to_vec();
+        long.extend_from_slice(&[0x55; 64]);
+        let mut cm_get = good;
+        cm_get[3] = mad::METHOD_GET; // a Get of a REQ: no such method
+        let mut smp_get = good;
+        smp_get[1] = mad::CLASS_SUBN_LID_ROUTED;
+        smp_get[3] = mad::METHOD_GET;
         let bad = [
             (
                 to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, 0x8001_0001, &good),
@@ -588,6 +767,26 @@ mod tests {
                 to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &unknown_attr),
                 "attribute",
             ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &base_version),
+                "base version",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &class_version),
+                "class version",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &long),
+                "long",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &cm_get),
+                "CM Get",
+            ),
+            (
+                to_qp1(Opcode::UD_SEND_ONLY, 0xFFFF, GSI_QKEY, &smp_get),
+                "SMP Get",
+            ),
         ];
         let mut b = crate::Nic::new(B, 2);
         b.cm().listen(SERVICE).unwrap();
@@ -597,7 +796,7 @@ mod tests {
             assert!(b.poll_transmit().is_none(), "{what}: answered");
         }
         let g = b.gsi_counters();
-        assert_eq!((g.dropped_bad_header, g.dropped_bad_mad), (4, 3));
+        assert_eq!((g.dropped_bad_header, g.dropped_bad_mad), (4, 8));
         // The same MAD, as it should be, is a REQ for the listener.
         b.handle_datagram(
             Time::ZERO,
