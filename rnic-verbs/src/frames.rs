@@ -18,6 +18,12 @@
 //! unfragmented (IPv4) or with no extension header (IPv6; RoCE v2 sends
 //! none). It sees the packet from its IP header (SOCK_DGRAM); the
 //! interface's MTU bounds what arrives.
+//!
+//! What this host sends to one of the NIC's own addresses (a QP to
+//! another QP of the NIC, or a process to another sharing the address)
+//! never crosses the interface: the kernel routes it through `lo`. A
+//! second frame socket, on `lo` with the same filter, takes it in there,
+//! as rdma_rxe loops such a packet back inside itself.
 
 use std::ffi::CString;
 use std::io;
@@ -365,6 +371,27 @@ pub(crate) fn open(
     addrs: &[IpAddr],
     slot: Option<QpnSlot>,
 ) -> io::Result<OwnedFd> {
+    open_on(iface.index, addrs, slot)
+}
+
+/// The same on `lo`, unless `iface` is `lo` itself: what this host sends
+/// to the NIC's own addresses (one QP of the NIC to another, or a process
+/// sharing the address to another) goes through the loopback interface,
+/// never through `iface`, as the kernel routes it.
+pub(crate) fn open_loopback(
+    iface: &Interface,
+    addrs: &[IpAddr],
+    slot: Option<QpnSlot>,
+) -> io::Result<Option<OwnedFd>> {
+    // SAFETY: a valid C string.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 || lo == iface.index {
+        return Ok(None);
+    }
+    open_on(lo, addrs, slot).map(Some)
+}
+
+fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<OwnedFd> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
@@ -385,7 +412,7 @@ pub(crate) fn open(
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
     sll.sll_protocol = proto;
-    sll.sll_ifindex = iface.index as i32;
+    sll.sll_ifindex = index as i32;
     // SAFETY: binds the descriptor to a valid sockaddr_ll of the right size.
     let r = unsafe {
         libc::bind(

@@ -194,11 +194,13 @@ impl Engine {
         }
         nic.restrict_qpns(slot.slot, slot.bits)
             .map_err(|e| io::Error::other(e.to_string()))?;
+        let mut loopback = None;
         let frames = match iface {
             Some(i) => {
                 // Other processes' NICs may be on this interface too: this
                 // one's frame socket takes only the packets to its QPs.
                 let f = crate::frames::open(i, &addrs, Some(slot))?;
+                loopback = crate::frames::open_loopback(i, &addrs, Some(slot))?;
                 crate::frames::receive_nothing(&socket)?;
                 // Port 4791 of every other address: bound, so that the
                 // kernel answers no RoCE packet with an ICMP port
@@ -268,6 +270,7 @@ impl Engine {
             #[cfg(test)]
             pinned_steering: std::sync::atomic::AtomicU8::new(0),
             frames,
+            loopback,
             inbox,
             inlet,
             listener,

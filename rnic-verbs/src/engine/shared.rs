@@ -85,6 +85,10 @@ pub(super) struct Shared {
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
     pub(super) frames: Option<OwnedFd>,
+    /// With `frames`, the same on `lo`: the packets this host sends to
+    /// the NIC's own addresses (see [`crate::frames::open_loopback`]).
+    /// The engine thread's alone to watch, as `side_rx`.
+    pub(super) loopback: Option<OwnedFd>,
     /// The connection to the NIC that receives this one's packets, if
     /// another does (see [`super::relay`]).
     pub(super) inbox: Option<OwnedFd>,
@@ -212,13 +216,16 @@ impl Shared {
         }
     }
 
-    /// Where the CM messages another NIC hands on come in, if not at
-    /// [`Shared::rx`]: the engine thread's alone to watch.
-    pub(super) fn side_rx(&self) -> Option<Rx<'_>> {
-        match (&self.inbox, self.inlet) {
+    /// Where else packets come in, the engine thread's alone to watch: the
+    /// CM messages another NIC hands on, if not at [`Shared::rx`], and the
+    /// packets that reach the NIC through `lo`.
+    pub(super) fn side_rx(&self) -> impl Iterator<Item = Rx<'_>> {
+        let relayed = match (&self.inbox, self.inlet) {
             (Some(i), Inbox::Side) => Some(Rx::Relayed(i.as_fd())),
             _ => None,
-        }
+        };
+        let looped = self.loopback.as_ref().map(|l| Rx::Frames(l.as_fd()));
+        relayed.into_iter().chain(looped)
     }
 
     /// One batch from `rx` into `st`, as [`EngineState::receive_at_most`]

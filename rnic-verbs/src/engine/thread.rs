@@ -198,7 +198,7 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
             Some(r) if !leave_responses || sh.sleeper.load(Ordering::SeqCst) => Some(r),
             _ => None,
         };
-        let mut fds = [sh.rx(); 4].map(|rx| PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN));
+        let mut fds = [sh.rx(); 5].map(|rx| PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN));
         fds[1] = PollFd::new(&sh.wake, PollFlags::IN);
         let mut watched = 2;
         for rx in responses.into_iter().chain(sh.side_rx()) {
