@@ -196,7 +196,12 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
     }
     match mad_of(f) {
         Some(Ok(m)) => line.push_str(&format!(" | {m}")),
-        Some(Err(e)) => line.push_str(&format!(" | MAD not decoded: {e}")),
+        Some(Err(e)) => match mad_header(f) {
+            // A MAD, not a CM message (another class, a GetResp): its
+            // common header says what it is.
+            Some(h) => line.push_str(&format!(" | {h} (not a CM message: {e})")),
+            None => line.push_str(&format!(" | MAD not decoded: {e}")),
+        },
         None => {}
     }
     if f.icrc_ok() {
@@ -266,7 +271,10 @@ fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
     }
     match mad_of(f) {
         Some(Ok(m)) => writeln!(out, "        {}\n        {m}", m.header)?,
-        Some(Err(e)) => writeln!(out, "        MAD not decoded: {e}")?,
+        Some(Err(e)) => match mad_header(f) {
+            Some(h) => writeln!(out, "        {h}\n        not a CM message: {e}")?,
+            None => writeln!(out, "        MAD not decoded: {e}")?,
+        },
         None => {}
     }
     if ib.info().has_payload {
@@ -295,6 +303,12 @@ fn mad_of(f: &Frame<'_>) -> Option<Result<cm::Mad, Error>> {
     let ib = &f.ib;
     (ib.bth().dest_qp() == mad::GSI_QPN && ib.deth().is_some())
         .then(|| cm::Mad::parse(ib.payload()))
+}
+
+/// The common MAD header of a packet to QP 1, if it has one.
+fn mad_header(f: &Frame<'_>) -> Option<mad::Repr> {
+    let p = mad::Packet::new_checked(f.ib.payload()).ok()?;
+    mad::Repr::parse(&p).ok()
 }
 
 fn print_opt<R: std::fmt::Display>(out: &mut impl Write, r: Option<R>) -> io::Result<()> {

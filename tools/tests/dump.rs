@@ -108,6 +108,27 @@ fn decodes_the_connection_manager_s_messages() {
     );
 }
 
+/// A MAD that is not a CM message (the kernel MAD layer's GetResp to a Get
+/// nobody serves, in a capture of the kernel's answers to hostile MADs)
+/// is shown by its common header.
+#[test]
+fn a_mad_of_another_class_shows_its_header() {
+    let out = rnic(&["--check"], &captures().join("hostile/cm-hostile.pcap"));
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let resp = text
+        .lines()
+        .find(|l| l.contains("10.88.0.2:55410 > 10.88.0.3:4791") && l.contains("class=0x03"))
+        .unwrap_or_else(|| panic!("no GetResp from the kernel:\n{text}"));
+    assert!(
+        resp.contains(
+            "| MAD class=0x03 v2 method=0x81 status=0x000c tid=0x4841725400000005 attr=0x0035 \
+             (not a CM message"
+        ),
+        "{resp}"
+    );
+}
+
 #[test]
 fn verbose_prints_every_header() {
     let out = rnic(&["-v"], &captures().join("rxe-ops_atomic.pcap"));
