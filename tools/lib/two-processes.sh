@@ -19,3 +19,8 @@ wait_listening() {
     done
     return 1
 }
+
+# The pattern of the route name a process of rnic's holds while it listens
+# on rdma_cm port $1 (of any port space): the name is on record in
+# /proc/net/unix, and carries the service ID, (port space << 16) + port.
+cm_route() { echo "@rnic/cm-route/.*/0000000001[0-9a-f]{2}$(printf %04x "$1")/"; }
