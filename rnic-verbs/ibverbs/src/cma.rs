@@ -1066,17 +1066,20 @@ pub unsafe extern "C" fn rdma_connect(
             req.path.local_ack_timeout = t;
         }
         let ch = i.channel()?;
+        // The id's state is held from before the REQ leaves until what its
+        // answer needs is stored: another thread may read that answer
+        // first (rping's CM thread waits in rdma_get_cm_event while its
+        // main thread connects), and it must find the connection.
+        let mut st = i.state();
         let conn = ctx
             .nic
             .cm_connect(remote.ip(), &req, &ch, i.serial)
             .map_err(|e| errno_of(&e))?;
-        {
-            let mut st = i.state();
-            st.conn = Some(conn);
-            st.req = Some(req);
-            st.responder_resources = responder_resources;
-            st.initiator_depth = initiator_depth;
-        }
+        st.conn = Some(conn);
+        st.req = Some(req);
+        st.responder_resources = responder_resources;
+        st.initiator_depth = initiator_depth;
+        drop(st);
         complete(i)
     })
 }
@@ -1106,11 +1109,14 @@ fn sidr_connect(
     data[CMA_HEADER_LEN..].copy_from_slice(private);
     let service = rnic_wire::cm::service_id(ps, remote.port());
     let ch = i.channel()?;
+    // Held until the connection is stored, as in `rdma_connect`.
+    let mut st = i.state();
     let conn = ctx
         .nic
         .cm_sidr_request(remote.ip(), service, &data, &ch, i.serial)
         .map_err(|e| errno_of(&e))?;
-    i.state().conn = Some(conn);
+    st.conn = Some(conn);
+    drop(st);
     complete(i)
 }
 
