@@ -127,10 +127,11 @@ const EXPECTED: &[(&str, &str, Option<Differs>)] = &[
         "-",
         Some((
             "DREP",
-            "rdma_rxe moves the kernel's QP 1 to the error state on a datagram \
-             longer than its receive buffer: its CM takes no MAD more until \
-             rxe0 is made again; rnic drops the datagram, counts it, and \
-             answers on",
+            "this kernel's rdma_rxe moves its QP 1 to the error state on a \
+             datagram longer than its receive buffer (fixed upstream in 2024 by \
+             f67ac0061c76: the IBTA drops a UD request of invalid length \
+             silently), and its CM takes no MAD more until rxe0 is made again; \
+             rnic drops the datagram, counts it, and answers on",
         )),
     ),
 ];
