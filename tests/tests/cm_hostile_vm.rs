@@ -36,10 +36,11 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rnic_tests::vm::{self, ip, repo, Setup};
 use rnic_verbs::cm::{self, PortSpace};
 use rnic_verbs::*;
 use rnic_wire::cm::{
@@ -457,53 +458,6 @@ fn cm_hostile_rnic() {
     );
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn ip(args: &[&str]) {
-    let ok = Command::new("ip")
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "ip {}", args.join(" "));
-}
-
-/// The namespace, a share directory and the children, all gone when dropped.
-struct Setup {
-    ns: String,
-    share: PathBuf,
-    children: Vec<Child>,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        if std::env::var_os("RNIC_CM_HOSTILE_KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&self.share);
-        }
-    }
-}
-
-/// Wait (at most `limit`) until `path` exists.
-fn wait_for(path: &Path, limit: Duration) -> bool {
-    let t0 = Instant::now();
-    while !path.exists() {
-        if t0.elapsed() > limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    true
-}
-
 /// What a MAD from a target says, in the words of [`EXPECTED`].
 fn answer(b: &[u8]) -> String {
     let Ok(h) = mad::Packet::new_checked(b).and_then(|p| mad::Repr::parse(&p)) else {
@@ -558,6 +512,7 @@ fn kernel_and_rnic_answer_hostile_cm_mads_alike() {
         ns: format!("rnic-cmh-{id}"),
         share: std::env::temp_dir().join(format!("rnic-cmh-{id}")),
         children: Vec::new(),
+        keep: std::env::var_os("RNIC_CM_HOSTILE_KEEP").is_some(),
     };
     let tap = format!("cmh{}", id % 100_000);
     let out = s.share.join("out");
@@ -574,32 +529,7 @@ fn kernel_and_rnic_answer_hostile_cm_mads_alike() {
     let me = std::env::current_exe().unwrap();
     std::fs::copy(&me, s.share.join("attacker")).unwrap();
     let pcap = out.join("tap.pcap");
-    let tcpdump = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &s.ns,
-            "tcpdump",
-            "-Z",
-            "root",
-            "--immediate-mode",
-            "-U",
-            "-n",
-            "-s",
-            "0",
-        ])
-        .args(["-i", &tap, "-w"])
-        .arg(&pcap)
-        .args(["udp", "port", "4791"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tcpdump");
-    s.children.push(tcpdump);
-    assert!(
-        wait_for(&pcap, Duration::from_secs(10)),
-        "tcpdump never started"
-    );
+    s.children.push(vm::capture(&s.ns, &tap, &pcap));
     let vm = Command::new(root.join("interop/rxe-vm/run"))
         .arg(&s.share)
         .arg("cm-hostile.sh")
@@ -645,7 +575,7 @@ fn kernel_and_rnic_answer_hostile_cm_mads_alike() {
     if !rnic.status.success() || counted.is_none() {
         failures.push(format!("rnic's side failed:\n{text}"));
     }
-    if wait_for(&out.join("kernel-listening"), Duration::from_secs(120)) {
+    if vm::wait_for(&out.join("kernel-listening"), Duration::from_secs(120)) {
         let a = entry(
             "cm_hostile_attack",
             "RNIC_CM_ATTACK",
@@ -677,17 +607,7 @@ fn kernel_and_rnic_answer_hostile_cm_mads_alike() {
         ));
     }
     // The capture ends with the VM; wait until it stops growing (bounded).
-    let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
-    let t0 = Instant::now();
-    let mut last = size();
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = size();
-        if now == last || t0.elapsed() > Duration::from_secs(20) {
-            break;
-        }
-        last = now;
-    }
+    vm::settled(&pcap);
 
     // Every UD SEND to QP 1 on the tap: (source, destination, payload).
     let bytes = std::fs::read(&pcap).expect("the capture");

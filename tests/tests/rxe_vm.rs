@@ -30,10 +30,11 @@
 //! ```
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rnic_tests::vm::{self, ip, repo, Setup};
 use rnic_verbs::rendezvous;
 use rnic_verbs::*;
 use rnic_wire::pcap::PcapReader;
@@ -555,39 +556,6 @@ fn rxe_vm_peer() {
     }
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-fn ip(args: &[&str]) {
-    let ok = Command::new("ip")
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "ip {}", args.join(" "));
-}
-
-/// The namespace, a share directory and the children, all gone when dropped.
-struct Setup {
-    ns: String,
-    share: PathBuf,
-    children: Vec<Child>,
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-        let _ = std::fs::remove_dir_all(&self.share);
-    }
-}
-
 #[test]
 #[ignore = "boots the rdma_rxe VM (about a minute): tools/run-tests runs it"]
 fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
@@ -602,6 +570,7 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
         ns: format!("rnic-rxe-rs-{id}"),
         share: std::env::temp_dir().join(format!("rnic-rxe-rs-{id}")),
         children: Vec::new(),
+        keep: false,
     };
     let tap = format!("rxr{}", id % 100_000);
     std::fs::create_dir_all(s.share.join("out")).unwrap();
@@ -659,36 +628,7 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
         std::fs::copy(root.join("interop/guest").join(f), s.share.join(f)).unwrap();
     }
     let pcap = s.share.join("out/tap.pcap");
-    let tcpdump = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &s.ns,
-            "tcpdump",
-            "-Z",
-            "root",
-            // Each packet handed to tcpdump as it arrives and written at
-            // once: without immediate mode libpcap hands over a buffer when
-            // it fills or a second has passed, and a last case of small
-            // packets could reach the file after it was read.
-            "--immediate-mode",
-            "-U",
-            "-n",
-            "-s",
-            "0",
-        ])
-        .args(["-i", &tap, "-w"])
-        .arg(&pcap)
-        .args(["udp", "port", "4791"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tcpdump");
-    s.children.push(tcpdump);
-    let t0 = Instant::now();
-    while !pcap.exists() && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    s.children.push(vm::capture(&s.ns, &tap, &pcap));
     let vm = Command::new(root.join("interop/rxe-vm/run"))
         .arg(&s.share)
         .arg("pingpongs.sh")
@@ -737,17 +677,7 @@ fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
     let vm = vm.wait_with_output().unwrap();
     // The capture ends with the VM; tcpdump writes each packet as it goes.
     // Read it once it has stopped growing (bounded).
-    let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
-    let t0 = Instant::now();
-    let mut last = size();
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        let now = size();
-        if now == last || t0.elapsed() > Duration::from_secs(20) {
-            break;
-        }
-        last = now;
-    }
+    vm::settled(&pcap);
     let results = std::fs::read_to_string(s.share.join("out/results")).unwrap_or_default();
     for c in &CASES {
         let rc = results
