@@ -26,6 +26,15 @@ pub mod vm {
         assert!(ok, "ip {}", args.join(" "));
     }
 
+    /// Build the VM (`interop/rxe-vm/build` makes only what is missing).
+    pub fn build() {
+        let built = Command::new(repo().join("interop/rxe-vm/build"))
+            .stdout(Stdio::null())
+            .status()
+            .expect("run interop/rxe-vm/build");
+        assert!(built.success(), "interop/rxe-vm/build failed");
+    }
+
     /// The namespace, a share directory and the children, all gone when
     /// dropped (the share kept if `keep`).
     pub struct Setup {
@@ -37,6 +46,24 @@ pub mod vm {
         pub children: Vec<Child>,
         /// Keep `share` (its capture and logs) when dropped.
         pub keep: bool,
+    }
+
+    impl Setup {
+        /// Namespace `rnic-TAG-PID` with its loopback up, and a share
+        /// directory of that name (with `out/`) in the temporary directory.
+        pub fn new(tag: &str, keep: bool) -> Setup {
+            let name = format!("rnic-{tag}-{}", std::process::id());
+            let s = Setup {
+                share: std::env::temp_dir().join(&name),
+                ns: name,
+                children: Vec::new(),
+                keep,
+            };
+            std::fs::create_dir_all(s.share.join("out")).unwrap();
+            ip(&["netns", "add", &s.ns]);
+            ip(&["-n", &s.ns, "link", "set", "lo", "up"]);
+            s
+        }
     }
 
     impl Drop for Setup {

@@ -502,23 +502,10 @@ fn answers(
 #[ignore = "boots the rdma_rxe VM (about a minute): tools/run-tests runs it"]
 fn kernel_and_rnic_answer_hostile_cm_mads_alike() {
     let root = repo();
-    let built = Command::new(root.join("interop/rxe-vm/build"))
-        .stdout(Stdio::null())
-        .status()
-        .expect("run interop/rxe-vm/build");
-    assert!(built.success(), "interop/rxe-vm/build failed");
-    let id = std::process::id();
-    let mut s = Setup {
-        ns: format!("rnic-cmh-{id}"),
-        share: std::env::temp_dir().join(format!("rnic-cmh-{id}")),
-        children: Vec::new(),
-        keep: std::env::var_os("RNIC_CM_HOSTILE_KEEP").is_some(),
-    };
-    let tap = format!("cmh{}", id % 100_000);
+    vm::build();
+    let mut s = Setup::new("cmh", std::env::var_os("RNIC_CM_HOSTILE_KEEP").is_some());
+    let tap = format!("cmh{}", std::process::id() % 100_000);
     let out = s.share.join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    ip(&["netns", "add", &s.ns]);
-    ip(&["-n", &s.ns, "link", "set", "lo", "up"]);
     ip(&["-n", &s.ns, "tuntap", "add", "dev", &tap, "mode", "tap"]);
     ip(&["-n", &s.ns, "addr", "add", "10.88.0.1/24", "dev", &tap]);
     ip(&["-n", &s.ns, "addr", "add", "10.88.0.3/24", "dev", &tap]);

@@ -560,22 +560,9 @@ fn rxe_vm_peer() {
 #[ignore = "boots the rdma_rxe VM (about a minute): tools/run-tests runs it"]
 fn rnic_verbs_and_rdma_rxe_pingpong_byte_for_byte() {
     let root = repo();
-    let built = Command::new(root.join("interop/rxe-vm/build"))
-        .stdout(Stdio::null())
-        .status()
-        .expect("run interop/rxe-vm/build");
-    assert!(built.success(), "interop/rxe-vm/build failed");
-    let id = std::process::id();
-    let mut s = Setup {
-        ns: format!("rnic-rxe-rs-{id}"),
-        share: std::env::temp_dir().join(format!("rnic-rxe-rs-{id}")),
-        children: Vec::new(),
-        keep: false,
-    };
-    let tap = format!("rxr{}", id % 100_000);
-    std::fs::create_dir_all(s.share.join("out")).unwrap();
-    ip(&["netns", "add", &s.ns]);
-    ip(&["-n", &s.ns, "link", "set", "lo", "up"]);
+    vm::build();
+    let mut s = Setup::new("rxe-rs", false);
+    let tap = format!("rxr{}", std::process::id() % 100_000);
     let sysctl = Command::new("ip")
         .args(["netns", "exec", &s.ns, "sysctl", "-qw"])
         .args([
