@@ -636,6 +636,98 @@ impl CmAgent {
         Ok(())
     }
 
+    /// The application is done with connection `id` (rdma_cm's
+    /// `rdma_destroy_id`, or its process ending): what the kernel's CM
+    /// sends when an ID is destroyed in each state (`cm_destroy_id`), so the
+    /// peer is never left holding a connection nobody will close.
+    ///
+    /// - a REQ awaiting its REP: REJ reason 4 (timeout), with this CA's
+    ///   GUID as the reject information; the connection is gone;
+    /// - a REQ not yet answered, or a REP not yet answered with an RTU:
+    ///   REJ 28 (the consumer's); gone;
+    /// - a REP awaiting its RTU: REJ 28, then timewait (the peer may
+    ///   have taken the REP);
+    /// - established: a DREQ, as [`CmAgent::disconnect`];
+    /// - a SIDR_REQ received: a SIDR_REP with status 2 (rejected).
+    ///
+    /// One difference, on purpose: the kernel stops resending a DREQ when
+    /// its ID is destroyed, which leaves the peer connected for ever if
+    /// that DREQ was lost. Here it goes on being resent while the NIC
+    /// lives, as for an ID still held. Destroying an ID the agent no longer
+    /// holds (rejected, timed out, its timewait over) does nothing.
+    pub fn destroy(&mut self, now: Time, id: CmId) {
+        let Some(c) = self.conns.get(&id.0) else {
+            return;
+        };
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        let rej = |message: Answered, local: u32, why: u16| {
+            Mad::new(tid, Message::Rej(Rej::new(local, remote, message, why)))
+        };
+        match c.state {
+            State::SidrSent => {
+                self.conns.remove(&id.0);
+            }
+            State::SidrRcvd => {
+                let _ = self.sidr_reply(id, sidr_status::REJECTED, 0, 0, &[]);
+            }
+            State::ReqSent => {
+                let mut r = Rej::new(id.0, 0, Answered::Other, reason::TIMEOUT);
+                r.reject_info_length = 8;
+                r.ari[..8].copy_from_slice(&self.ca_guid.to_be_bytes());
+                self.conns.remove(&id.0);
+                self.send(peer, Mad::new(tid, Message::Rej(r)));
+            }
+            State::ReqRcvd => {
+                self.conns.remove(&id.0);
+                self.send(peer, rej(Answered::Req, 0, reason::CONSUMER_DEFINED));
+            }
+            State::RepRcvd => {
+                self.conns.remove(&id.0);
+                self.send(peer, rej(Answered::Rep, id.0, reason::CONSUMER_DEFINED));
+            }
+            State::RepSent => {
+                let mad = rej(Answered::Other, id.0, reason::CONSUMER_DEFINED);
+                if let Some(c) = self.conns.get_mut(&id.0) {
+                    c.enter_timewait(now);
+                }
+                self.send(peer, mad);
+            }
+            State::Established => {
+                let _ = self.disconnect(now, id);
+            }
+            State::DreqSent | State::Timewait => {}
+        }
+    }
+
+    /// Destroy every connection (see [`CmAgent::destroy`]): the NIC's
+    /// process is ending.
+    pub fn destroy_all(&mut self, now: Time) {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.destroy(now, CmId(id));
+        }
+    }
+
+    /// How many DREQs wait for their DREP.
+    pub fn unanswered_dreqs(&self) -> usize {
+        self.conns
+            .values()
+            .filter(|c| c.state == State::DreqSent)
+            .count()
+    }
+
+    /// Send every unanswered DREQ once more now, its retries and timer
+    /// untouched: for a process about to end, whose timers end with it.
+    pub fn resend_dreqs(&mut self) {
+        let again: Vec<(IpAddr, Mad)> = self
+            .conns
+            .values()
+            .filter(|c| c.state == State::DreqSent)
+            .filter_map(|c| Some((c.peer, c.last?)))
+            .collect();
+        self.outgoing.extend(again);
+    }
+
     /// A CM MAD arrived from `from`.
     pub fn on_mad(&mut self, now: Time, from: IpAddr, mad: &Mad) {
         let tid = mad.header.transaction_id;
@@ -654,12 +746,36 @@ impl CmAgent {
                 }
             }
             Message::Rej(rej) => {
+                // A REJ names this side's ID and, once the REP has told it,
+                // the peer's (a REQ's REJ names none: its sender had not
+                // made one, or it is the kernel's, whose REJ of a REQ
+                // carries 0). It ends the connection in any state before
+                // the close: one still being made is gone, one the peer
+                // may hold rests in timewait (the kernel's
+                // `cm_rej_handler`), as when the peer's ID was destroyed.
                 let id = rej.remote_comm_id;
-                let ours = self.conns.get(&id).is_some_and(|c| {
-                    c.peer == from && matches!(c.state, State::ReqSent | State::RepSent)
-                });
+                let Some(c) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                let names_peer = c.state == State::ReqSent
+                    || rej.message_rejected == Answered::Req
+                    || rej.local_comm_id == c.remote_comm_id;
+                let ours = c.peer == from
+                    && names_peer
+                    && matches!(
+                        c.state,
+                        State::ReqSent
+                            | State::RepSent
+                            | State::RepRcvd
+                            | State::Established
+                            | State::DreqSent
+                    );
                 if ours {
-                    self.conns.remove(&id);
+                    if matches!(c.state, State::ReqSent | State::RepSent) {
+                        self.conns.remove(&id);
+                    } else {
+                        c.enter_timewait(now);
+                    }
                     self.events.push_back(CmEvent::Rejected {
                         id: CmId(id),
                         reason: rej.reason,

@@ -318,10 +318,16 @@ impl Device {
         Ok(())
     }
 
-    /// Nobody waits for connection `id`'s events any more.
+    /// The program is done with connection `id` (rdma_cm's
+    /// `rdma_destroy_id`): nobody waits for its events any more, and the
+    /// peer is told what the kernel's CM would tell it (a DREQ for a
+    /// connection still up, a REJ for one being made: see
+    /// [`rnic_core::cm::CmAgent::destroy`]).
     pub fn cm_release(&self, id: CmId) -> Result<()> {
         self.engine.call(move |st| {
             st.cm_routes.conns.remove(&id);
+            let now = st.now();
+            st.nic.cm_call(now, |cm, now| cm.destroy(now, id));
         })?;
         Ok(())
     }
@@ -688,10 +694,13 @@ pub struct Incoming {
     from: IpAddr,
     req: Box<Req>,
     header: Option<CmaHeader>,
+    /// Accepted or rejected: the ID is no longer this request's to drop.
+    answered: bool,
 }
 
-/// An RC connection made through the CM. Its QP is the caller's; dropping
-/// this leaves the connection as it is (see [`Connection::disconnect`]).
+/// An RC connection made through the CM. Its QP is the caller's. Dropping
+/// it is rdma_cm's `rdma_destroy_id`: a connection still up is closed with a
+/// DREQ, without waiting for the answer (see [`Connection::disconnect`]).
 #[derive(Debug)]
 pub struct Connection {
     dev: Device,
@@ -814,6 +823,7 @@ impl Listener {
                     from,
                     req,
                     header,
+                    answered: false,
                 });
             }
         }
@@ -846,7 +856,7 @@ impl Incoming {
     /// `private_data`: the QP to RTS, the REP, then a wait of up to
     /// `timeout` for the RTU.
     pub fn accept(
-        self,
+        mut self,
         qp: &QueuePair,
         private_data: &[u8],
         timeout: Duration,
@@ -871,6 +881,8 @@ impl Incoming {
         }
         let channel = CmChannel::new()?;
         self.dev.cm_accept(self.id, &params, &channel, 0)?;
+        // The connection's now: dropped, it closes as a connection.
+        self.answered = true;
         let conn = Connection {
             dev: self.dev.clone(),
             id: self.id,
@@ -898,6 +910,22 @@ impl Incoming {
     }
 }
 
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let _ = self.dev.cm_release(self.id);
+    }
+}
+
+impl Drop for Incoming {
+    /// A request dropped unanswered is refused (REJ 28), as the kernel's CM
+    /// refuses one whose ID is destroyed.
+    fn drop(&mut self) {
+        if !self.answered {
+            let _ = self.dev.cm_release(self.id);
+        }
+    }
+}
+
 impl Connection {
     /// The private data the peer sent (its REQ's after rdma_cm's header,
     /// or its REP's).
@@ -909,28 +937,24 @@ impl Connection {
     /// `timeout` for the connection to close.
     pub fn disconnect(self, timeout: Duration) -> Result<()> {
         let deadline = std::time::Instant::now() + timeout;
-        let r = match self.dev.cm_disconnect(self.id) {
-            Ok(()) => loop {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                match self.channel.next(Some(left)) {
-                    Ok(CmNotice {
-                        what: Notice::Cm(CmEvent::Disconnected { .. }),
-                        ..
-                    }) => break Ok(()),
-                    Ok(_) => continue,
-                    Err(e) => break Err(e),
-                }
-            },
-            Err(e) => Err(e),
-        };
-        let _ = self.dev.cm_release(self.id);
-        r
+        self.dev.cm_disconnect(self.id)?;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.channel.next(Some(left)) {
+                Ok(CmNotice {
+                    what: Notice::Cm(CmEvent::Disconnected { .. }),
+                    ..
+                }) => break Ok(()),
+                Ok(_) => continue,
+                Err(e) => break Err(e),
+            }
+        }
     }
 
     /// Wait up to `timeout` for the peer to disconnect (its DREQ, which
     /// the CM answers), as a server does at the end.
     pub fn wait_disconnect(self, timeout: Duration) -> Result<()> {
-        let r = loop {
+        loop {
             match self.channel.next(Some(timeout)) {
                 Ok(CmNotice {
                     what:
@@ -940,8 +964,6 @@ impl Connection {
                 Ok(_) => continue,
                 Err(e) => break Err(e),
             }
-        };
-        let _ = self.dev.cm_release(self.id);
-        r
+        }
     }
 }

@@ -664,3 +664,204 @@ fn a_repeated_req_gets_an_mra_and_the_active_side_waits() {
         [CmEvent::Reply { id, .. }] if *id == a_id
     ));
 }
+
+/// The one REJ `side` sent in this run, parsed.
+fn only_rej(p: &Pair, from_a: bool) -> Rej {
+    let to = if from_a { B } else { A };
+    let rejs: Vec<Rej> = p
+        .mads
+        .iter()
+        .filter(|(t, _)| *t == to)
+        .filter_map(|(_, m)| match m.message {
+            Message::Rej(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    match rejs.as_slice() {
+        [r] => *r,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn destroying_an_established_id_sends_the_dreq_its_program_did_not() {
+    for a_destroys in [true, false] {
+        let mut p = Pair::new();
+        let (a_id, b_id) = p.establish();
+        if a_destroys {
+            p.a.destroy(p.now, a_id);
+        } else {
+            p.b.destroy(p.now, b_id);
+        }
+        // The first DREQ is lost: it is sent again, though nobody holds
+        // the ID any more (the kernel's CM would stop here).
+        let first = core::cell::Cell::new(true);
+        p.run(|n| first.replace(false) && n == "DREQ");
+        assert_eq!(&p.names()[3..], ["DREQ"]);
+        p.tick();
+        p.run(|_| false);
+        assert_eq!(&p.names()[3..], ["DREQ", "DREQ", "DREP"]);
+        let (closer, other, oid) = if a_destroys {
+            (&mut p.a, &mut p.b, b_id)
+        } else {
+            (&mut p.b, &mut p.a, a_id)
+        };
+        assert_eq!(
+            other.take_events().collect::<Vec<_>>(),
+            [CmEvent::DisconnectRequest { id: oid }]
+        );
+        assert_eq!(closer.unanswered_dreqs(), 0);
+        // Destroying it again, or an ID never made, does nothing.
+        closer.destroy(p.now, if a_destroys { a_id } else { b_id });
+        closer.destroy(p.now, CmId(0x1234));
+        assert_eq!(closer.take_outgoing().count(), 0);
+    }
+}
+
+#[test]
+fn destroying_an_id_midway_rejects_as_the_kernel_s_cm_does() {
+    // A's REQ unanswered (B never got it): REJ 4, timeout, with A's CA
+    // GUID as the reject information.
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|n| n == "REQ");
+    p.a.destroy(p.now, a_id);
+    p.run(|_| false);
+    let r = only_rej(&p, true);
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (reason::TIMEOUT, Answered::Other)
+    );
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (a_id.0, 0));
+    assert_eq!(r.reject_info_length, 8);
+    assert_eq!(r.ari[..8], 0xa_u64.to_be_bytes());
+    assert_eq!((p.a.connections(), p.a.next_deadline()), (0, None));
+
+    // B destroys the request it has not answered: REJ 28 of the REQ, with
+    // local comm ID 0; A learns it.
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let Some(CmEvent::Request { id: b_id, .. }) = p.b.take_events().next() else {
+        panic!("no request");
+    };
+    p.b.destroy(p.now, b_id);
+    p.run(|_| false);
+    let r = only_rej(&p, false);
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (reason::CONSUMER_DEFINED, Answered::Req)
+    );
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (0, a_id.0));
+    assert!(matches!(
+        p.a.take_events().collect::<Vec<_>>().as_slice(),
+        [CmEvent::Rejected { id, reason: 28, .. }] if *id == a_id
+    ));
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+
+    // A destroys with B's REP in hand, before its RTU: REJ 28 of the REP;
+    // B's REP is not sent again.
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let Some(CmEvent::Request { id: b_id, .. }) = p.b.take_events().next() else {
+        panic!("no request");
+    };
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    p.run(|_| false);
+    assert!(matches!(
+        p.a.take_events().next(),
+        Some(CmEvent::Reply { .. })
+    ));
+    p.a.destroy(p.now, a_id);
+    p.run(|_| false);
+    let r = only_rej(&p, true);
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (reason::CONSUMER_DEFINED, Answered::Rep)
+    );
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (a_id.0, b_id.0));
+    assert!(matches!(
+        p.b.take_events().collect::<Vec<_>>().as_slice(),
+        [CmEvent::Rejected { id, reason: 28, .. }] if *id == b_id
+    ));
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+
+    // B destroys with its REP sent and no RTU yet: REJ 28 ("other"), B in
+    // timewait; A, its REP in hand, learns it and rests in timewait too,
+    // so an RTU it then sends finds nothing.
+    let mut p = Pair::new();
+    let a_id = p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|_| false);
+    let Some(CmEvent::Request { id: b_id, .. }) = p.b.take_events().next() else {
+        panic!("no request");
+    };
+    p.b.accept(p.now, b_id, &accept_params()).unwrap();
+    p.run(|_| false);
+    assert!(matches!(
+        p.a.take_events().next(),
+        Some(CmEvent::Reply { .. })
+    ));
+    p.b.destroy(p.now, b_id);
+    p.run(|_| false);
+    let r = only_rej(&p, false);
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (reason::CONSUMER_DEFINED, Answered::Other)
+    );
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (b_id.0, a_id.0));
+    assert!(matches!(
+        p.a.take_events().collect::<Vec<_>>().as_slice(),
+        [CmEvent::Rejected { id, reason: 28, .. }] if *id == a_id
+    ));
+    assert_eq!(p.a.ready(a_id), Err(CmError::BadState(a_id)));
+    assert_eq!((p.a.connections(), p.b.connections()), (1, 1));
+    p.tick();
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+}
+
+#[test]
+fn a_rej_that_names_another_connection_of_the_peer_ends_nothing() {
+    let mut p = Pair::new();
+    let (a_id, b_id) = p.establish();
+    let stray = |local| {
+        Mad::new(
+            7,
+            Message::Rej(Rej::new(
+                local,
+                a_id.0,
+                Answered::Other,
+                reason::CONSUMER_DEFINED,
+            )),
+        )
+    };
+    p.a.on_mad(p.now, B, &stray(b_id.0 ^ 1));
+    p.a.on_mad(p.now, A, &stray(b_id.0));
+    assert_eq!(p.a.take_events().count(), 0);
+    p.a.on_mad(p.now, B, &stray(b_id.0));
+    assert!(matches!(
+        p.a.take_events().collect::<Vec<_>>().as_slice(),
+        [CmEvent::Rejected { id, .. }] if *id == a_id
+    ));
+    assert_eq!(p.a.disconnect(p.now, a_id), Err(CmError::BadState(a_id)));
+}
+
+#[test]
+fn a_process_ending_destroys_every_id_and_can_resend_its_dreqs() {
+    let mut p = Pair::new();
+    p.establish();
+    p.a.connect(p.now, B, &connect_params()).unwrap();
+    p.run(|n| n == "REQ");
+    p.a.destroy_all(p.now);
+    assert_eq!(p.a.unanswered_dreqs(), 1);
+    let sent: Vec<&str> = p.a.take_outgoing().map(|(_, m)| m.message.name()).collect();
+    assert_eq!(sent, ["DREQ", "REJ"]);
+    // Its timers are not to be waited for: the DREQ goes again now, and
+    // again, without spending a retry.
+    let deadline = p.a.next_deadline();
+    p.a.resend_dreqs();
+    p.a.resend_dreqs();
+    let again: Vec<&str> = p.a.take_outgoing().map(|(_, m)| m.message.name()).collect();
+    assert_eq!(again, ["DREQ", "DREQ"]);
+    assert_eq!(p.a.next_deadline(), deadline);
+}

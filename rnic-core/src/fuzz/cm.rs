@@ -113,7 +113,7 @@ pub fn run(data: &[u8]) {
         if input.done() {
             break;
         }
-        match input.byte() % 13 {
+        match input.byte() % 14 {
             // A connects.
             0 | 1 => {
                 qpn += 1;
@@ -226,6 +226,34 @@ pub fn run(data: &[u8]) {
                 let data = input.bytes(n);
                 let _ = a.cm_call(now, |cm, now| cm.sidr_request(now, B, SERVICE, &data));
             }
+            // Either side's application destroys one of its IDs, in
+            // whatever state it is.
+            12 => {
+                if input.byte() % 2 == 0 {
+                    let ids: Vec<CmId> = established_a.iter().chain(&replied).copied().collect();
+                    if !ids.is_empty() {
+                        let id = ids[usize::from(input.byte()) % ids.len()];
+                        a.cm_call(now, |cm, now| cm.destroy(now, id));
+                        established_a.retain(|&x| x != id);
+                        replied.retain(|&x| x != id);
+                    }
+                } else {
+                    let ids: Vec<CmId> = pending
+                        .iter()
+                        .chain(&accepted)
+                        .chain(&pending_sidr)
+                        .copied()
+                        .collect();
+                    if !ids.is_empty() {
+                        let id = ids[usize::from(input.byte()) % ids.len()];
+                        b.cm_call(now, |cm, now| cm.destroy(now, id));
+                        pending.retain(|&x| x != id);
+                        pending_sidr.retain(|&x| x != id);
+                        accepted.remove(&id);
+                        established_b.remove(&id);
+                    }
+                }
+            }
             // Nothing happens.
             _ => {}
         }
@@ -266,8 +294,12 @@ pub fn run(data: &[u8]) {
             match e {
                 CmEvent::Reply { id, .. } => replied.push(id),
                 CmEvent::Established { id } => established_a.push(id),
-                CmEvent::DisconnectRequest { id } | CmEvent::Disconnected { id } => {
+                CmEvent::DisconnectRequest { id }
+                | CmEvent::Disconnected { id }
+                | CmEvent::Rejected { id, .. }
+                | CmEvent::Unreachable { id } => {
                     established_a.retain(|&x| x != id);
+                    replied.retain(|&x| x != id);
                 }
                 CmEvent::Request { .. } | CmEvent::SidrRequest { .. } => {
                     panic!("A, which never listens, got a request")

@@ -107,6 +107,23 @@ impl Nic {
         r
     }
 
+    /// The NIC's process is ending: destroy every connection (see
+    /// [`CmAgent::destroy_all`]) and, with `again`, send the DREQs still
+    /// unanswered once more. How many DREQs wait for their DREP. A NIC
+    /// whose communication manager never ran has nothing to do.
+    pub fn cm_closing(&mut self, now: Time, again: bool) -> usize {
+        if self.gsi.is_none() {
+            return 0;
+        }
+        self.cm_call(now, |cm, now| {
+            cm.destroy_all(now);
+            if again {
+                cm.resend_dreqs();
+            }
+            cm.unanswered_dreqs()
+        })
+    }
+
     /// Queue what the communication manager has to send, and note its
     /// next deadline.
     pub fn cm_settle(&mut self) {

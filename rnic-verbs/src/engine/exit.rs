@@ -1,4 +1,5 @@
-//! What a process's exit sends: the ACKs and datagrams its engines hold.
+//! What a process's exit sends: the ACKs and datagrams its engines hold,
+//! and the closing of the connections its CM holds.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -59,12 +60,61 @@ pub(super) fn flush_at_exit() {
         .filter_map(|(_, w)| w.upgrade())
         .collect();
     drop(live);
-    for sh in engines {
+    for sh in &engines {
         sh.flush();
+    }
+    close_connections(&engines);
+}
+
+/// How long a process's exit waits for the DREPs of its DREQs.
+const DREP_WAIT: Duration = Duration::from_secs(1);
+/// How often it sends an unanswered DREQ again meanwhile.
+const DREQ_AGAIN: Duration = Duration::from_millis(200);
+
+/// At exit: close every connection the process's programs left up, as the
+/// kernel's CM does when a process closes rdma_cm (a DREQ for each; see
+/// [`rnic_core::cm::CmAgent::destroy`]), and give the DREQs a moment to be
+/// answered. The kernel's CM outlives the process and rnic's does not: a
+/// DREQ lost as the process ends (a program that disconnects and exits at
+/// once, as rping does) would leave the peer's program waiting for ever
+/// for a disconnection. So the exit waits up to [`DREP_WAIT`], sending the
+/// DREQs again every [`DREQ_AGAIN`] (a DREQ twice is answered twice, and
+/// harmless); it does not wait at all when every DREQ was answered, or
+/// none was sent.
+fn close_connections(engines: &[Arc<Shared>]) {
+    let start = std::time::Instant::now();
+    let mut again = false;
+    let mut last = start;
+    loop {
+        let mut waiting = 0;
+        for sh in engines {
+            waiting += sh.close_connections(again);
+        }
+        if waiting == 0 || start.elapsed() >= DREP_WAIT {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        again = last.elapsed() >= DREQ_AGAIN;
+        if again {
+            last = std::time::Instant::now();
+        }
     }
 }
 
 impl Shared {
+    /// Destroy every connection of the NIC's CM (and with `again`, send
+    /// the unanswered DREQs again): how many DREQs wait for an answer.
+    fn close_connections(&self, again: bool) -> usize {
+        let Some(mut st) = self.state.try_lock_for(EXIT_WAIT) else {
+            return 0;
+        };
+        let now = st.now();
+        let waiting = st.nic.cm_closing(now, again);
+        st.pump(&self.socket);
+        self.publish(&st);
+        waiting
+    }
+
     /// Send what is held now: ACKs held for an answer, datagrams posts
     /// left for the next poll (see [`flush_at_exit`]).
     pub(super) fn flush(&self) {
