@@ -7,6 +7,7 @@ use core::fmt;
 use core::net::IpAddr;
 
 use crate::mem::Access;
+use rnic_wire::Psn;
 
 /// The transport service of a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1027,4 +1028,48 @@ mod tests {
         assert_eq!(Mtu::from_ibv(3), Some(Mtu::Mtu1024));
         assert_eq!(Mtu::from_ibv(6), None);
     }
+}
+
+/// What an RC or UC queue pair's transport is doing, as of a moment: the
+/// state a person reading a capture needs to explain the next packet
+/// (`rnic demo --scenario` prints it). A copy: it does not change with
+/// the QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpView {
+    /// The QP's state.
+    pub state: QpState,
+    /// Requester: the PSN the next new request packet gets.
+    pub next_psn: Psn,
+    /// Requester: the oldest PSN not yet acknowledged (equal to
+    /// `next_psn` when nothing is outstanding).
+    pub oldest_unacked: Psn,
+    /// Requester: work requests posted and not yet completed.
+    pub outstanding: usize,
+    /// Requester: retries left for a timeout or sequence NAK.
+    pub retries_left: u8,
+    /// Requester: retries left for an RNR NAK.
+    pub rnr_retries_left: u8,
+    /// Requester: the local ACK timer is running.
+    pub ack_timer: bool,
+    /// Requester: waiting out an RNR NAK's timer.
+    pub rnr_wait: bool,
+    /// Requester: packets it may have unacknowledged now.
+    pub window: u32,
+    /// Requester: messages the responder's credits still allow to begin
+    /// (`None`: the responder keeps no count).
+    pub credits: Option<u32>,
+    /// Responder: the PSN it expects next.
+    pub expected_psn: Psn,
+    /// Responder: messages completed (its MSN).
+    pub msn: u32,
+    /// Responder: receive work requests posted.
+    pub receives: usize,
+    /// Responder: READs and atomics it holds (answered or to answer).
+    pub rd_atomic: usize,
+    /// Responder: it has NAKed a sequence error and waits for the
+    /// retransmission.
+    pub nak_sent: bool,
+    /// Responder: it is in the middle of a multi-packet message (its
+    /// FIRST taken, its LAST not yet).
+    pub in_message: bool,
 }

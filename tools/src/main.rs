@@ -12,6 +12,7 @@ mod dump;
 mod exec;
 mod perf;
 mod pingpong;
+mod scenario;
 mod soak;
 mod sysfs;
 
@@ -31,6 +32,14 @@ enum Command {
         /// same for any program using rnic).
         #[arg(long)]
         pcap: Option<PathBuf>,
+        /// Tell a scenario of what goes wrong instead (a lost packet, no
+        /// receive posted, a bad key...), on the simulator: the same
+        /// output every run. --list shows them.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// List the scenarios.
+        #[arg(long)]
+        list: bool,
     },
     /// Bandwidth or latency of RDMA operations between two rnic NICs, in this
     /// process (--loopback, the default) or in two (--server, --client HOST),
@@ -529,7 +538,23 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Demo { pcap } => match demo::run(pcap.as_deref()) {
+        Command::Demo { list: true, .. } => {
+            let _ = scenario::list(&mut std::io::stdout().lock());
+            ExitCode::SUCCESS
+        }
+        Command::Demo {
+            scenario: Some(name),
+            pcap,
+            ..
+        } => match scenario::run(&name, pcap.as_deref(), &mut std::io::stdout().lock()) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::from(1),
+            Err(e) => {
+                eprintln!("rnic demo: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Demo { pcap, .. } => match demo::run(pcap.as_deref()) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {

@@ -10,7 +10,7 @@ use crate::cq::{Cq, CqHandle, CqTable};
 use crate::device::DEVICE_ATTR;
 use crate::error::VerbError;
 use crate::mem::{Access, MrKeys, PdHandle, Region};
-use crate::qp::{self, AttrMask, QpAttr, QpState, QpType};
+use crate::qp::{self, AttrMask, QpAttr, QpState, QpType, QpView};
 use crate::rc::{Qp, QpCaps};
 use crate::srq::{AsyncEvent, Srq, SrqHandle};
 use crate::table::free_slot;
@@ -374,6 +374,35 @@ impl Nic {
             attr.sq_psn = qp.sq_psn.value();
         }
         Ok(attr)
+    }
+
+    /// What RC or UC QP `qpn`'s transport is doing (see [`QpView`]); `None`
+    /// for no such QP, or a UD one.
+    pub fn qp_view(&self, qpn: u32) -> Option<QpView> {
+        let qp = self.qps.get(qpn)?;
+        let credits = (!qp.credits_unlimited).then(|| {
+            // LSN is the last message the credits allow; the SSN the last
+            // begun.
+            u32::try_from(qp.lsn.diff(qp.ssn)).unwrap_or(0)
+        });
+        Some(QpView {
+            state: qp.state(),
+            next_psn: qp.sq_psn,
+            oldest_unacked: qp.una,
+            outstanding: qp.sq.len(),
+            retries_left: qp.retry_left,
+            rnr_retries_left: qp.rnr_left,
+            ack_timer: qp.ack_deadline.is_some(),
+            rnr_wait: qp.rnr_until.is_some(),
+            window: qp.window,
+            credits,
+            expected_psn: qp.epsn,
+            msn: qp.msn,
+            receives: qp.rq.len(),
+            rd_atomic: qp.rd_atomic.len(),
+            nak_sent: qp.seq_nak_sent,
+            in_message: qp.in_msg.is_some(),
+        })
     }
 
     /// `ibv_modify_qp`.
