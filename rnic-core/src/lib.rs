@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod cm;
 mod comp;
 pub mod counters;

@@ -78,3 +78,13 @@ fn every_saved_cm_case_replays_clean() {
 fn random_cm_sessions_never_connect_what_was_not_accepted() {
     random_inputs(20_000, rnic_core::fuzz::cm::run);
 }
+
+#[test]
+fn every_saved_check_case_replays_clean() {
+    replay("check", rnic_core::fuzz::check::run);
+}
+
+#[test]
+fn random_frames_never_trouble_the_checker() {
+    random_inputs(20_000, rnic_core::fuzz::check::run);
+}

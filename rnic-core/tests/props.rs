@@ -138,6 +138,7 @@ fn check_behind(
     };
     let mut p = Pair::new(seed, &params);
     p.c.nics[1].set_mechanisms(mech);
+    p.c.net.record_pcap();
     let (a, b) = (p.c.nics[0].addr(), p.c.nics[1].addr());
     p.c.net.set_bandwidth(a, b, bytes_per_second);
     p.c.net.set_bandwidth(b, a, bytes_per_second);
@@ -285,6 +286,15 @@ fn check_behind(
     }
     p.run();
 
+    // 0. The wire: the capture (taken where each packet is sent, before
+    //    the link loses, copies or delays it) breaks none of the rules
+    //    `rnic check` holds any NIC's traffic to.
+    let found = conformance(&p.c.net.pcap());
+    prop_assert!(
+        found.is_empty(),
+        "the traffic breaks the transport's rules: {found:#?}"
+    );
+
     // 2. Completions: each once, in post order; failures only as retry
     //    exhaustion, followed by flushes.
     let comps = p.completions(0);
@@ -367,6 +377,26 @@ fn check_behind(
         }
     }
     Ok(!failed)
+}
+
+/// What `rnic check` finds in `pcap`.
+fn conformance(pcap: &[u8]) -> Vec<rnic_core::check::Finding> {
+    let mut c = rnic_core::check::Checker::new();
+    let reader = rnic_wire::pcap::PcapReader::new(pcap).expect("the simulator's capture");
+    for (i, r) in reader.enumerate() {
+        let r = r.expect("the simulator's capture");
+        c.frame(
+            i as u64 + 1,
+            r.timestamp_ns,
+            rnic_wire::LinkType::from_pcap(r.link_type),
+            r.data,
+        );
+    }
+    let f = c.finish().0;
+    if !f.is_empty() && std::env::var("RNIC_DEBUG_PCAP").is_ok() {
+        std::fs::write("/tmp/props-fail.pcap", pcap).unwrap();
+    }
+    f
 }
 
 fn cases() -> u32 {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check;
 mod demo;
 mod dump;
 mod exec;
@@ -245,6 +246,14 @@ enum Command {
         /// Print the table of every variable as Markdown (the README's).
         #[arg(long)]
         markdown: bool,
+    },
+    /// An IBTA conformance verdict for a capture (pcap or pcapng) of any
+    /// NIC's RoCE v2 traffic: every RC connection's PSNs, ACKs, NAKs, MSNs,
+    /// retransmissions, READ responses and atomics rebuilt from the packets
+    /// and held to the transport's rules. Exits 1 on a violation.
+    Check {
+        /// The capture file.
+        file: PathBuf,
     },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
@@ -562,6 +571,30 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Check { file } => {
+            let data = match std::fs::read(&file) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("rnic check: cannot read {}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let stdout = io::stdout();
+            let mut out = io::BufWriter::new(stdout.lock());
+            let name = file.display().to_string();
+            match check::check(&data, &name, &mut out).and_then(|v| {
+                out.flush()?;
+                Ok(v)
+            }) {
+                Ok(v) if v.violations > 0 => ExitCode::from(1),
+                Ok(v) if v.file_error => ExitCode::from(2),
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rnic check: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Dump {
             file,
             verbose,

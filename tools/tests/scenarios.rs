@@ -1,6 +1,7 @@
 //! `rnic demo --scenario`: every scenario holds its checks, tells the same
 //! story on every run (the simulator and its losses are scripted), and
-//! writes a capture whose every packet verifies.
+//! writes a capture whose every packet verifies and which `rnic check`
+//! finds conformant.
 
 use std::process::Command;
 
@@ -39,6 +40,15 @@ fn every_scenario_holds_tells_the_same_story_twice_and_captures_clean_packets() 
         assert_eq!(
             first, again,
             "{name} told a different story the second time"
+        );
+        let (ok, verdict) = rnic(&["check", p]);
+        assert!(
+            ok,
+            "{name}: rnic check finds rnic's own traffic at fault:\n{verdict}"
+        );
+        assert!(
+            verdict.contains("\nclean: 0 violation(s)"),
+            "{name}: {verdict}"
         );
         let (ok, check) = rnic(&["dump", "--check", "-q", p]);
         let _ = std::fs::remove_file(&pcap);

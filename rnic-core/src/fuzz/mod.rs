@@ -12,12 +12,16 @@
 //!   interleaved with posts and timers. Completions come once and in order,
 //!   only READ and atomic targets are written, and once the peer falls
 //!   silent every work request completes.
+//! - [`check::run`] (`check`): `rnic check`'s conformance checker fed
+//!   real captures' frames mutated; it never panics and names only
+//!   packets it was fed.
 //! - [`cm::run`] (`cm`): two NICs' communication managers on QP 1, the
 //!   real exchange lost, duplicated and reordered among forged MADs; the
 //!   listener is never connected to what it did not accept, and holds no
 //!   more than its backlog.
 
 mod arena;
+pub mod check;
 pub mod cm;
 pub mod requester;
 pub mod responder;

@@ -101,6 +101,8 @@ pub struct Story<'w> {
     pub side: [Side; 2],
     setup: Setup,
     mechanisms: Mechanisms,
+    /// Parts begun (the first is part 1).
+    parts: u64,
     out: &'w mut dyn Write,
     /// Trace events already looked at.
     traced: usize,
@@ -127,8 +129,11 @@ const NAMES: [&str; 2] = ["A", "B"];
 /// CQ and a region, the QPs connected as `setup` says, the transport's
 /// mechanisms as `mechanisms` says (all on, but in the tests that switch
 /// one off to see a scenario fail).
-fn build(setup: Setup, now: Time, mechanisms: Mechanisms) -> (Cluster, [Side; 2]) {
-    let mut c = Cluster::new(1, LinkConfig::perfect(DELAY), 2);
+fn build(setup: Setup, now: Time, mechanisms: Mechanisms, part: u64) -> (Cluster, [Side; 2]) {
+    // Each part's NICs draw other QP numbers: its QPs are new ones, and a
+    // capture of the whole scenario shows new connections, not one
+    // connection starting again.
+    let mut c = Cluster::new(part, LinkConfig::perfect(DELAY), 2);
     c.now = now;
     for nic in &mut c.nics {
         nic.set_mechanisms(mechanisms);
@@ -198,12 +203,13 @@ fn build(setup: Setup, now: Time, mechanisms: Mechanisms) -> (Cluster, [Side; 2]
 
 impl<'w> Story<'w> {
     fn new(out: &'w mut dyn Write, setup: Setup, mechanisms: Mechanisms) -> Story<'w> {
-        let (c, side) = build(setup, Time::ZERO, mechanisms);
+        let (c, side) = build(setup, Time::ZERO, mechanisms, 1);
         Story {
             c,
             side,
             setup,
             mechanisms,
+            parts: 1,
             out,
             traced: 0,
             completed: [Vec::new(), Vec::new()],
@@ -218,7 +224,8 @@ impl<'w> Story<'w> {
     /// keeps the packets of every part, one after the other.
     pub fn part(&mut self, setup: Setup, title: &str) -> io::Result<()> {
         self.keep_capture();
-        let (c, side) = build(setup, self.c.now, self.mechanisms);
+        self.parts += 1;
+        let (c, side) = build(setup, self.c.now, self.mechanisms, self.parts);
         self.c = c;
         self.side = side;
         self.setup = setup;
