@@ -109,7 +109,12 @@ fn endpoint(ip: std::net::IpAddr, port: u16) -> String {
     }
 }
 
-fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::Result<()> {
+pub(crate) fn write_line(
+    out: &mut impl Write,
+    n: usize,
+    time: &str,
+    f: &Frame<'_>,
+) -> io::Result<()> {
     let ib = &f.ib;
     let bth = ib.bth();
     let mut flags = String::new();
@@ -216,7 +221,7 @@ fn write_line(out: &mut impl Write, n: usize, time: &str, f: &Frame<'_>) -> io::
     writeln!(out, "{line}")
 }
 
-fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
+pub(crate) fn write_tree(out: &mut impl Write, f: &Frame<'_>) -> io::Result<()> {
     if let Some(eth) = f.ethernet {
         writeln!(out, "        {eth}")?;
     }

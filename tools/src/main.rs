@@ -11,6 +11,7 @@ mod check;
 mod demo;
 mod dump;
 mod exec;
+mod ladder;
 mod perf;
 mod pingpong;
 mod scenario;
@@ -41,6 +42,10 @@ enum Command {
         /// List the scenarios.
         #[arg(long)]
         list: bool,
+        /// With --scenario: also draw its packets as a ladder diagram,
+        /// FILE.svg or FILE.html (see rnic ladder).
+        #[arg(long, requires = "scenario")]
+        ladder: Option<PathBuf>,
     },
     /// Bandwidth or latency of RDMA operations between two rnic NICs, in this
     /// process (--loopback, the default) or in two (--server, --client HOST),
@@ -255,6 +260,28 @@ enum Command {
         /// The capture file.
         file: PathBuf,
     },
+    /// A sequence diagram of a capture: a lifeline per endpoint (address
+    /// and QP), an arrow per packet; SVG, or one self-contained HTML file
+    /// that stays usable for a large capture.
+    Ladder {
+        /// The capture file.
+        file: PathBuf,
+        /// Where to write it: FILE.svg or FILE.html.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Only packets to or from this QP (hex, 0x11).
+        #[arg(long, value_parser = parse_hex)]
+        qp: Option<u32>,
+        /// Only PSNs in this range (hex: 0x100-0x1ff).
+        #[arg(long, value_parser = parse_hex_range)]
+        psn: Option<(u32, u32)>,
+        /// Only packets in this time range, in seconds from the first (0.001-0.5).
+        #[arg(long, value_parser = parse_time_range)]
+        time: Option<(f64, f64)>,
+        /// Draw every packet: fold no runs of one opcode.
+        #[arg(long)]
+        no_fold: bool,
+    },
     /// Decode the RoCE v2 packets of a capture (pcap or pcapng), one line each,
     /// checking every ICRC.
     Dump {
@@ -270,6 +297,21 @@ enum Command {
         #[arg(short, long)]
         quiet: bool,
     },
+}
+
+fn parse_hex(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0x"), 16).map_err(|e| format!("{s}: {e}"))
+}
+
+fn parse_hex_range(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    Ok((parse_hex(a)?, parse_hex(b)?))
+}
+
+fn parse_time_range(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let f = |v: &str| v.parse::<f64>().map_err(|e| format!("{v}: {e}"));
+    Ok((f(a)?, f(b)?))
 }
 
 /// A positive, finite number of seconds as a duration.
@@ -554,8 +596,14 @@ fn main() -> ExitCode {
         Command::Demo {
             scenario: Some(name),
             pcap,
+            ladder,
             ..
-        } => match scenario::run(&name, pcap.as_deref(), &mut std::io::stdout().lock()) {
+        } => match scenario::run(
+            &name,
+            pcap.as_deref(),
+            ladder.as_deref(),
+            &mut std::io::stdout().lock(),
+        ) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::from(1),
             Err(e) => {
@@ -571,6 +619,35 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Ladder {
+            file,
+            output,
+            qp,
+            psn,
+            time,
+            no_fold,
+        } => {
+            let data = match std::fs::read(&file) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("rnic ladder: cannot read {}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            let opts = ladder::Options {
+                qp,
+                psn,
+                time,
+                no_fold,
+            };
+            match ladder::write(&data, &file.display().to_string(), &opts, &output) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("rnic ladder: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Check { file } => {
             let data = match std::fs::read(&file) {
                 Ok(d) => d,

@@ -180,7 +180,13 @@ pub struct Finding {
 impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n: Vec<String> = self.packets.iter().map(u64::to_string).collect();
-        write!(f, "packet {}: [{}] {} ", n.join(", "), self.rule.id(), self.what)?;
+        write!(
+            f,
+            "packet {}: [{}] {} ",
+            n.join(", "),
+            self.rule.id(),
+            self.what
+        )?;
         if self.rule.is_violation() {
             write!(f, "(IBTA {}: {})", self.rule.section(), self.rule.says())
         } else {
@@ -749,6 +755,20 @@ impl Checker {
             conn.reads.retain(|&k, _| !Psn::new(k).is_before(keep_from));
         }
         self.report(found);
+    }
+
+    /// The RC connections whose two directions it has paired: each as
+    /// (requester address and QP, responder address and QP). A view such
+    /// as `rnic ladder` names a packet's source QP from it (the BTH names
+    /// only the destination's).
+    pub fn connections(&self) -> Vec<((IpAddr, u32), (IpAddr, u32))> {
+        let mut v: Vec<_> = self
+            .bound
+            .iter()
+            .map(|(resp, req)| ((req.src, resp.qp), (req.dst, req.qp)))
+            .collect();
+        v.sort();
+        v
     }
 
     /// The findings, with what was seen; unresolved gaps in the requests

@@ -787,8 +787,13 @@ pub fn list(out: &mut impl Write) -> io::Result<()> {
 }
 
 /// Run scenario `name`: whether every check held. Writes the packets to
-/// `pcap` if given.
-pub fn run(name: &str, pcap: Option<&Path>, out: &mut dyn Write) -> io::Result<bool> {
+/// `pcap` if given, and their ladder diagram (SVG or HTML) to `ladder`.
+pub fn run(
+    name: &str,
+    pcap: Option<&Path>,
+    ladder: Option<&Path>,
+    out: &mut dyn Write,
+) -> io::Result<bool> {
     let Some(s) = SCENARIOS.iter().find(|s| s.name == name) else {
         return Err(io::Error::new(
             io::ErrorKind::NotFound,
@@ -797,13 +802,18 @@ pub fn run(name: &str, pcap: Option<&Path>, out: &mut dyn Write) -> io::Result<b
     };
     let (ok, capture) = tell(s, out)?;
     if let Some(p) = pcap {
-        std::fs::write(p, capture)?;
+        std::fs::write(p, &capture)?;
         writeln!(
             out,
             "capture written to {} (rnic dump {})",
             p.display(),
             p.display()
         )?;
+    }
+    if let Some(l) = ladder {
+        let title = format!("rnic demo --scenario {name}");
+        crate::ladder::write(&capture, &title, &crate::ladder::Options::default(), l)?;
+        writeln!(out, "ladder diagram written to {}", l.display())?;
     }
     Ok(ok)
 }
