@@ -76,6 +76,10 @@ pub enum Rule {
     /// Packets the capture missed, which the responder's answer proves
     /// were sent.
     CaptureLoss,
+    /// An order-dependent finding on a connection whose packets the
+    /// network reordered before the capture point: it cannot be told from
+    /// a fault.
+    Reordered,
 }
 
 impl Rule {
@@ -94,6 +98,7 @@ impl Rule {
             Rule::Payload => "payload",
             Rule::NakCode => "nak-code",
             Rule::CaptureLoss => "capture-loss",
+            Rule::Reordered => "reordered",
         }
     }
 
@@ -124,6 +129,9 @@ impl Rule {
             }
             Rule::NakCode => "an RNR NAK answers only a request that takes a receive",
             Rule::CaptureLoss => "not a NIC's fault: the capture missed packets the peer answered",
+            Rule::Reordered => {
+                "not judged: the network reordered this connection's packets before the capture point"
+            }
         }
     }
 
@@ -139,17 +147,17 @@ impl Rule {
             Rule::OpcodeSequence => "9.2.3",
             Rule::Payload => "9.2.4",
             Rule::NakCode => "9.7.5.2.8",
-            Rule::CaptureLoss => "-",
+            Rule::CaptureLoss | Rule::Reordered => "-",
         }
     }
 
     /// Whether it is a NIC's fault (else a note about the capture).
     pub const fn is_violation(self) -> bool {
-        !matches!(self, Rule::CaptureLoss)
+        !matches!(self, Rule::CaptureLoss | Rule::Reordered)
     }
 
     /// Every rule.
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::Icrc,
         Rule::PsnSkip,
         Rule::AckUnsent,
@@ -162,6 +170,7 @@ impl Rule {
         Rule::Payload,
         Rule::NakCode,
         Rule::CaptureLoss,
+        Rule::Reordered,
     ];
 }
 
@@ -215,6 +224,9 @@ pub struct Stats {
     pub ud: usize,
     /// Packets a network copied.
     pub network_copies: u64,
+    /// Responses that came after later ones (a lower MSN, a PSN
+    /// acknowledged already): the network reordered them; not judged.
+    pub reordered_responses: u64,
     /// Responses the checker could not place with a request stream (their
     /// requests not in the capture, or several streams that could have
     /// sent them).
@@ -299,6 +311,16 @@ struct Conn {
     /// The furthest PSN acknowledged (by an ACK, or implied by a NAK), and
     /// the packet.
     acked: Option<(Psn, u64)>,
+    /// The highest MSN a response carried (with its PSN and packet).
+    top_msn: Option<(Psn, u32, u64)>,
+    /// The network reordered this connection's packets before the capture
+    /// point (a response older than one before it, time going back, a copy
+    /// of an old request after a NAK): order-dependent findings are held
+    /// in `held` and become notes.
+    reordered: bool,
+    held: Vec<(Vec<u64>, Rule, String)>,
+    /// The time of the connection's last packet.
+    last_t: u64,
     reads: BTreeMap<u32, ReadState>,
     atomics: HashMap<u32, (u64, u64)>,
     /// The last request (hash, time) since the last response, and the
@@ -406,6 +428,10 @@ impl Checker {
         let mut found = Vec::new();
         let conn = self.conns.entry(key).or_default();
         conn.transport.get_or_insert(transport);
+        if t < conn.last_t {
+            conn.reordered = true;
+        }
+        conn.last_t = conn.last_t.max(t);
         if is_copy(&mut conn.recent_requests, p, t) {
             self.stats.network_copies += 1;
             return;
@@ -545,40 +571,54 @@ impl Checker {
             conn.last_new = psn;
             conn.resending = false;
         } else {
-            conn.resending = true;
-            // Sent before: a retransmission. Fills a gap, answers a NAK.
+            // Behind the next PSN: sent before, or first seen now (a packet
+            // the network held back, or a retransmission of one the
+            // capture missed). Either fills a gap.
             conn.gaps
                 .retain(|g| !(psn.diff(g.from) >= 0 && psn.is_before(g.to)));
+            let seen = conn.requests.contains_key(&psn.value());
             if let Some((nak, at)) = conn.nak {
                 // What came after the NAK may have acknowledged more (the
                 // requests it named were late, not lost): the requester
                 // goes on from the first PSN not acknowledged.
-                let nak = match conn.acked {
+                let from = match conn.acked {
                     Some((a, _)) if !a.is_before(nak) => a.next(),
                     _ => nak,
                 };
-                if psn.diff(nak) >= 0 {
+                if psn == from {
                     conn.nak = None;
-                    if psn != nak && conn.requests.contains_key(&nak.value()) {
-                        found.push((
+                } else if seen && psn.is_before(from) {
+                    // A copy of a packet acknowledged already, after the
+                    // NAK: one the network held back.
+                    conn.reordered = true;
+                } else if seen && psn.is_after(from) {
+                    // Only a PSN seen before shows where a retransmission
+                    // began: one first seen now may be a packet the
+                    // network held back.
+                    conn.nak = None;
+                    if conn.requests.contains_key(&from.value()) {
+                        conn.held.push((
                             vec![at, n],
                             Rule::GoBackN,
                             format!(
                                 "the NAK named PSN {:#08x}; the retransmission began at {:#08x}",
-                                nak.value(),
+                                from.value(),
                                 psn.value()
                             ),
                         ));
-                    } else if psn != nak {
+                    } else {
                         // The capture never saw the NAKed PSN sent: it sits
                         // after the loss, and may have missed its
                         // retransmission the same way.
                         found.push((vec![at, n], Rule::CaptureLoss, format!(
                             "the NAK named PSN {:#08x}, which the capture never saw; the first retransmission it saw was {:#08x} (that of {:#08x} was likely lost on the way too)",
-                            nak.value(), psn.value(), nak.value()
+                            from.value(), psn.value(), from.value()
                         )));
                     }
                 }
+            }
+            if seen {
+                conn.resending = true;
             }
         }
         note_request(conn, psn, request);
@@ -625,6 +665,10 @@ impl Checker {
         };
         let mut found = Vec::new();
         let conn = self.conns.get_mut(&req_key).expect("bound to a stream");
+        if t < conn.last_t {
+            conn.reordered = true;
+        }
+        conn.last_t = conn.last_t.max(t);
         if is_copy(&mut conn.recent_responses, p, t) {
             self.stats.network_copies += 1;
             return;
@@ -633,6 +677,30 @@ impl Checker {
         let info = p.info();
         let syndrome = p.aeth().map(|a| Syndrome::from_byte(a.syndrome()));
         let Some(next) = conn.next else { return };
+        // An ACK or NAK with an MSN below one already seen, for a PSN
+        // acknowledged already, was sent before that one: the network
+        // reordered it, and what it says is older than what is known. (A
+        // READ response or atomic answer to a repeated request carries the
+        // MSN of the first: not a sign.)
+        let plain = info.operation == Operation::Acknowledge;
+        if let (true, Some(a), Some((acked, _)), Some((_, top, _))) =
+            (plain, p.aeth(), conn.acked, conn.top_msn)
+        {
+            let behind = top.wrapping_sub(a.msn()) & Psn::MASK;
+            if behind > 0 && behind < Psn::HALF && !acked.is_before(psn) {
+                self.stats.reordered_responses += 1;
+                conn.reordered = true;
+                return;
+            }
+        }
+        if let Some(a) = p.aeth() {
+            let higher = conn
+                .top_msn
+                .is_none_or(|(_, top, _)| (a.msn().wrapping_sub(top) & Psn::MASK) < Psn::HALF);
+            if higher {
+                conn.top_msn = Some((psn, a.msn(), n));
+            }
+        }
         // Where the response's PSN lies.
         let fwd = psn.diff(next);
         if fwd >= 0 && !conn.next_unknown && conn.ahead.is_none() {
@@ -644,7 +712,7 @@ impl Checker {
             (syndrome, conn.acked)
         {
             if !acked.is_before(psn) {
-                found.push((vec![at, n], Rule::AckOutsideWindow, format!(
+                conn.held.push((vec![at, n], Rule::AckOutsideWindow, format!(
                     "a NAK for PSN {:#08x}, which the responder had acknowledged already (through {:#08x})",
                     psn.value(), acked.value()
                 )));
@@ -787,6 +855,17 @@ impl Checker {
                     k.dst, k.src, k.qp, psn.value()
                 )));
             }
+            for (packets, rule, what) in &c.held {
+                if c.reordered {
+                    found.push((
+                        packets.clone(),
+                        Rule::Reordered,
+                        format!("[{}] {what}", rule.id()),
+                    ));
+                } else {
+                    found.push((packets.clone(), *rule, what.clone()));
+                }
+            }
             for g in &c.gaps {
                 found.push((vec![g.packet], Rule::PsnSkip, format!(
                     "{} -> {} QP {:#x}: PSNs {:#08x}..{:#08x} were never sent, NAKed or acknowledged",
@@ -808,7 +887,10 @@ impl Checker {
 /// before: a requester that resends in bursts (rnic does, with the same
 /// bytes) sends other packets between two copies of one.
 fn is_copy(last: &mut Option<(u64, u64)>, p: &IbPacket<&[u8]>, t: u64) -> bool {
-    let h = fnv(p.as_bytes());
+    // Without the ICRC: a copy sent in another UDP GSO batch, or by a
+    // stack that numbers IPv4 identifications, carries another.
+    let b = p.as_bytes();
+    let h = fnv(&b[..b.len().saturating_sub(4)]);
     if last.is_some_and(|(seen, at)| seen == h && t.saturating_sub(at) <= DUPLICATE_WINDOW_NS) {
         return true;
     }

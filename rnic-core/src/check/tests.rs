@@ -376,3 +376,26 @@ fn bad_input_is_counted_never_a_panic() {
     assert_eq!(stats.frames, 3);
     assert_eq!(stats.roce, 0);
 }
+
+/// The same go-back-N fault as above, on a connection whose responses the
+/// network reordered (a copy of the NAK, MSN 0, after the ACK of MSN 1):
+/// it cannot be told from a packet the network held back, and is a note.
+#[test]
+fn an_order_dependent_finding_on_a_reordered_connection_is_a_note() {
+    let base = traffic();
+    let mut recs = base.clone();
+    let i = nth(&recs, 1, |r| r.sent_by_a() && r.psn() == A_PSN + 1);
+    recs.remove(i);
+    let nak = nth(&recs, 0, |r| {
+        r.psn() == A_PSN + 1 && r.frame().ib.aeth().is_some()
+    });
+    let ack = nth(&recs, 0, |r| {
+        r.psn() == A_PSN + 3 && r.frame().ib.aeth().is_some()
+    });
+    let mut late = recs[nak].clone();
+    late.t = recs[ack].t;
+    recs.insert(ack + 1, late);
+    let found = check(&recs);
+    assert_eq!(rules(&found), [Rule::Reordered], "{found:#?}");
+    assert!(found[0].what.contains("[go-back-n]"));
+}

@@ -1,0 +1,50 @@
+//! `rnic check` on rnic's own traffic over real UDP sockets on loopback,
+//! its egress impaired (loss, duplication, reordering): every packet as it
+//! left (`RNIC_PCAP`) must break none of the transport's rules. What the
+//! impairment did before the capture point (packets lost, copied, held
+//! back) may be noted, never blamed.
+
+use std::process::Command;
+
+fn run(op: &str, size: &str, seed: u32) {
+    let pcap = std::env::temp_dir().join(format!(
+        "rnic-check-live-{op}-{seed}-{}.pcap",
+        std::process::id()
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["perf", op, "--loopback", "-s", size, "-n", "300"])
+        .env("RNIC_PCAP", &pcap)
+        .env(
+            "RNIC_IMPAIR",
+            format!("loss=2%,dup=1%,reorder=3%,seed={seed}"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rnic perf {op}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let check = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .arg("check")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "rnic perf {op} (seed {seed}):\n{report}"
+    );
+    assert!(report.contains("1 RC"), "{report}");
+}
+
+#[test]
+fn rnic_s_impaired_traffic_on_loopback_is_conformant() {
+    for seed in 1..=2 {
+        run("write", "65536", seed);
+        run("read", "16384", seed);
+        run("send", "8192", seed);
+    }
+}
