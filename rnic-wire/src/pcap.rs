@@ -1,9 +1,11 @@
 //! Capture files: read classic pcap and pcapng, write classic pcap.
 //!
-//! Reading works on the whole file in memory and borrows packet bytes from it;
-//! nothing here opens files. Writing goes to any `std::io::Write`.
+//! [`PcapReader`] works on the whole file in memory and borrows packet bytes
+//! from it; [`PcapStream`] reads from any `std::io::Read`, one record or
+//! block at a time, so that a capture of any size costs only its largest
+//! packet. Nothing here opens files. Writing goes to any `std::io::Write`.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 
 use crate::{Error, ErrorKind, Layer, Result};
 
@@ -350,6 +352,246 @@ impl<'a> Iterator for PcapReader<'a> {
     }
 }
 
+/// One captured packet, owning its bytes (what [`PcapStream`] yields).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedRecord {
+    /// Capture time in nanoseconds since the Unix epoch.
+    pub timestamp_ns: u64,
+    /// The link type number of the interface it was captured on.
+    pub link_type: u32,
+    /// The captured bytes.
+    pub data: Vec<u8>,
+    /// The length of the packet on the wire.
+    pub orig_len: u32,
+}
+
+/// A reader of the same formats as [`PcapReader`] from a `std::io::Read`,
+/// holding one record (classic) or block (pcapng) at a time, with the
+/// file's header (classic) or its section's header and interface blocks
+/// (pcapng). Each unit is parsed by [`PcapReader`], put behind that
+/// header: the two readers cannot disagree.
+#[derive(Debug)]
+pub struct PcapStream<R: Read> {
+    input: R,
+    /// Classic: the file header. Pcapng: the section header block and
+    /// the interface blocks seen since.
+    header: Vec<u8>,
+    ng: bool,
+    big_endian: bool,
+    /// Bytes of the file consumed (for an error's offset).
+    pos: usize,
+    failed: bool,
+}
+
+impl<R: Read> PcapStream<R> {
+    /// Start reading: the file header is read and checked now.
+    pub fn new(mut input: R) -> Result<PcapStream<R>> {
+        let mut first = [0u8; 12];
+        let got = read_full(&mut input, &mut first)?;
+        let le = u32::from_le_bytes([first[0], first[1], first[2], first[3]]);
+        let mut header = first[..got].to_vec();
+        if le == PCAPNG_SHB {
+            // Checked by `PcapReader` (byte order), then the rest of the
+            // section header block.
+            PcapReader::new(&header)?;
+            let big_endian =
+                u32::from_le_bytes([first[8], first[9], first[10], first[11]]) != PCAPNG_BYTE_ORDER;
+            let len = word(&first[4..8], big_endian) as usize;
+            check_block_len(len, 4)?;
+            let mut s = PcapStream {
+                input,
+                header,
+                ng: true,
+                big_endian,
+                pos: got,
+                failed: false,
+            };
+            s.read_more(len.saturating_sub(12), 4)?;
+            return Ok(s);
+        }
+        let mut rest = [0u8; 12];
+        let more = read_full(&mut input, &mut rest)?;
+        header.extend_from_slice(&rest[..more]);
+        PcapReader::new(&header)?;
+        let big_endian = le != PCAP_MAGIC_US && le != PCAP_MAGIC_NS;
+        Ok(PcapStream {
+            input,
+            header,
+            ng: false,
+            big_endian,
+            pos: got + more,
+            failed: false,
+        })
+    }
+
+    /// Read `n` more bytes onto the header (a block's rest), checking `n`.
+    fn read_more(&mut self, n: usize, at: usize) -> Result<()> {
+        if n > MAX_RECORD + 64 {
+            return Err(pcap_err(
+                self.pos.saturating_sub(at),
+                ErrorKind::Oversized {
+                    max: MAX_RECORD,
+                    actual: n,
+                },
+            ));
+        }
+        let start = self.header.len();
+        self.header.resize(start + n, 0);
+        let got = read_full(&mut self.input, &mut self.header[start..])?;
+        self.pos += got;
+        if got < n {
+            return Err(Error::truncated(Layer::Pcap, n, got).at(self.pos));
+        }
+        Ok(())
+    }
+
+    /// The one record behind the header, parsed by [`PcapReader`].
+    fn parse_last(&self) -> Result<Option<OwnedRecord>> {
+        let mut reader = PcapReader::new(&self.header)?;
+        match reader.next() {
+            Some(Ok(rec)) => Ok(Some(OwnedRecord {
+                timestamp_ns: rec.timestamp_ns,
+                link_type: rec.link_type,
+                data: rec.data.to_vec(),
+                orig_len: rec.orig_len,
+            })),
+            Some(Err(e)) => Err(e),
+            None => Ok(None),
+        }
+    }
+
+    /// The next unit: `Ok(None)` at the end of the file.
+    fn next_record(&mut self) -> Result<Option<OwnedRecord>> {
+        loop {
+            let mut head = [0u8; 8];
+            let got = read_full(&mut self.input, &mut head)?;
+            if got == 0 {
+                return Ok(None);
+            }
+            let unit_at = self.pos;
+            self.pos += got;
+            if self.ng {
+                if got < 8 {
+                    return Err(Error::truncated(Layer::Pcap, 8, got).at(unit_at));
+                }
+                let ty = word(&head[0..4], self.big_endian);
+                if ty == PCAPNG_SHB {
+                    // A new section: its own byte order, no interfaces yet.
+                    let mut magic = [0u8; 4];
+                    let m = read_full(&mut self.input, &mut magic)?;
+                    self.pos += m;
+                    self.big_endian = u32::from_le_bytes(magic) != PCAPNG_BYTE_ORDER;
+                    let len = word(&head[4..8], self.big_endian) as usize;
+                    check_block_len(len, unit_at + 4)?;
+                    self.header.clear();
+                    self.header.extend_from_slice(&head);
+                    self.header.extend_from_slice(&magic[..m]);
+                    PcapReader::new(&self.header)?;
+                    self.read_more(len.saturating_sub(12), 12)?;
+                    continue;
+                }
+                let len = word(&head[4..8], self.big_endian) as usize;
+                check_block_len(len, unit_at + 4)?;
+                if ty == PCAPNG_IDB {
+                    self.header.extend_from_slice(&head);
+                    self.read_more(len - 8, 8)?;
+                    // Judged now, as the reader judges it on its way.
+                    if let Some(Err(e)) = PcapReader::new(&self.header)?.next() {
+                        return Err(e);
+                    }
+                    continue;
+                }
+                if ty != PCAPNG_EPB && ty != PCAPNG_OPB && ty != PCAPNG_SPB {
+                    // Statistics, name resolution, custom: skipped.
+                    let mut skip = (&mut self.input).take((len - 8) as u64);
+                    let skipped = io::copy(&mut skip, &mut io::sink())
+                        .map_err(|_| Error::truncated(Layer::Pcap, len - 8, 0).at(self.pos))?;
+                    self.pos += skipped as usize;
+                    continue;
+                }
+                let keep = self.header.len();
+                self.header.extend_from_slice(&head);
+                let r = self.read_more(len - 8, 8);
+                let out = r.and_then(|()| self.parse_last());
+                self.header.truncate(keep);
+                return out;
+            }
+            // A classic record: a 16-byte header, then its captured bytes.
+            let mut rest = [0u8; 8];
+            let r = read_full(&mut self.input, &mut rest)?;
+            self.pos += r;
+            if got + r < 16 {
+                return Err(Error::truncated(Layer::Pcap, 16, got + r).at(unit_at));
+            }
+            let incl = word(&rest[0..4], self.big_endian) as usize;
+            let keep = self.header.len();
+            self.header.extend_from_slice(&head);
+            self.header.extend_from_slice(&rest);
+            let r = self.read_more(incl, 16);
+            let out = r.and_then(|()| self.parse_last());
+            self.header.truncate(keep);
+            return out;
+        }
+    }
+}
+
+impl<R: Read> Iterator for PcapStream<R> {
+    type Item = Result<OwnedRecord>;
+
+    /// The next packet; after an error, `None`.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.next_record() {
+            Ok(Some(r)) => Some(Ok(r)),
+            Ok(None) => None,
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// A pcapng block's total length: at least its 12 bytes of framing, in
+/// whole words.
+fn check_block_len(len: usize, at: usize) -> Result<()> {
+    if len < 12 || len % 4 != 0 {
+        return Err(pcap_err(
+            at,
+            ErrorKind::BadLength {
+                field: len,
+                actual: 0,
+            },
+        ));
+    }
+    Ok(())
+}
+
+fn word(b: &[u8], big_endian: bool) -> u32 {
+    let b = [b[0], b[1], b[2], b[3]];
+    if big_endian {
+        u32::from_be_bytes(b)
+    } else {
+        u32::from_le_bytes(b)
+    }
+}
+
+/// Fill `buf` as far as the input goes: how many bytes it got.
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Err(Error::truncated(Layer::Pcap, buf.len(), n)),
+        }
+    }
+    Ok(n)
+}
+
 /// A writer of classic pcap with nanosecond timestamps.
 #[derive(Debug)]
 pub struct PcapWriter<W: Write> {
@@ -487,6 +729,88 @@ mod tests {
         assert_eq!(recs[0].data, &[1, 2, 3, 4, 5]);
         assert_eq!((recs[1].link_type, recs[1].timestamp_ns), (276, 7));
         assert_eq!(recs[2].data, &[0xEE, 0xFF]);
+    }
+
+    /// What [`PcapStream`] reads of `f`, as [`PcapReader`]'s records.
+    fn streamed(f: &[u8]) -> Vec<Result<OwnedRecord>> {
+        PcapStream::new(f).map_or_else(|e| vec![Err(e)], |s| s.collect())
+    }
+
+    fn read(f: &[u8]) -> Vec<Result<OwnedRecord>> {
+        PcapReader::new(f).map_or_else(
+            |e| vec![Err(e)],
+            |r| {
+                r.map(|x| {
+                    x.map(|x| OwnedRecord {
+                        timestamp_ns: x.timestamp_ns,
+                        link_type: x.link_type,
+                        data: x.data.to_vec(),
+                        orig_len: x.orig_len,
+                    })
+                })
+                .collect()
+            },
+        )
+    }
+
+    #[test]
+    fn the_stream_reads_what_the_reader_reads() {
+        let mut w = PcapWriter::new(Vec::new(), 1).unwrap();
+        for k in 0..50u8 {
+            w.write_packet(u64::from(k) * 1000, &vec![k; usize::from(k)])
+                .unwrap();
+        }
+        let classic = w.into_inner();
+        assert_eq!(streamed(&classic), read(&classic));
+        assert_eq!(streamed(&classic).len(), 50);
+        // pcapng: two sections, interfaces, every packet block kind, and a
+        // block to skip.
+        let mut shb = PCAPNG_BYTE_ORDER.to_le_bytes().to_vec();
+        shb.extend_from_slice(&[1, 0, 0, 0]);
+        shb.extend_from_slice(&u64::MAX.to_le_bytes());
+        let mut f = block(PCAPNG_SHB, &shb);
+        f.extend(block(PCAPNG_IDB, &[1, 0, 0, 0, 0, 0, 4, 0]));
+        f.extend(block(5, &[0; 8]));
+        let mut epb = 0u32.to_le_bytes().to_vec();
+        for v in [0u32, 9, 3, 3] {
+            epb.extend_from_slice(&v.to_le_bytes());
+        }
+        epb.extend_from_slice(&[7, 8, 9, 0]);
+        f.extend(block(PCAPNG_EPB, &epb));
+        f.extend(block(PCAPNG_SPB, &[2, 0, 0, 0, 0xEE, 0xFF, 0, 0]));
+        f.extend(block(PCAPNG_SHB, &shb));
+        f.extend(block(PCAPNG_IDB, &[0x14, 0x01, 0, 0, 0, 0, 4, 0]));
+        f.extend(block(PCAPNG_EPB, &epb));
+        let s = streamed(&f);
+        assert_eq!(s, read(&f));
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[2].as_ref().unwrap().link_type, 276);
+        // Cut anywhere: the same records, then the same kind of end.
+        for cut in [1, 5, 13, 30, classic.len() - 1] {
+            let a = streamed(&classic[..cut]);
+            let b = read(&classic[..cut]);
+            assert_eq!(a.len(), b.len(), "cut at {cut}");
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x.is_ok(), y.is_ok(), "cut at {cut}");
+                if let (Ok(x), Ok(y)) = (x, y) {
+                    assert_eq!(x, y);
+                }
+            }
+        }
+        for cut in [4, 20, 40, f.len() - 2] {
+            let a = streamed(&f[..cut]);
+            let b = read(&f[..cut]);
+            assert_eq!(
+                a.iter().filter(|r| r.is_ok()).count(),
+                b.iter().filter(|r| r.is_ok()).count(),
+                "cut at {cut}"
+            );
+            assert_eq!(
+                a.last().map(Result::is_err),
+                b.last().map(Result::is_err),
+                "cut at {cut}"
+            );
+        }
     }
 
     #[test]

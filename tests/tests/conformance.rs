@@ -84,3 +84,27 @@ fn the_loss_captures_show_the_checker_at_work() {
     let (_, stats) = check(&root.join("rxe-read_bw_loss3.pcap"));
     assert_eq!((stats.rc, stats.unplaced_responses), (1, 0));
 }
+
+/// `rnic check` and `rnic ladder` read a capture as a stream, a record or
+/// block at a time: on every reference capture, what the stream yields is
+/// what the in-memory reader yields.
+#[test]
+fn the_stream_reads_every_reference_capture_as_the_reader_does() {
+    use rnic_wire::pcap::PcapStream;
+    for path in captures() {
+        let data = std::fs::read(&path).unwrap();
+        let whole: Vec<_> = PcapReader::new(&data)
+            .unwrap()
+            .map(|r| r.map(|r| (r.timestamp_ns, r.link_type, r.data.to_vec(), r.orig_len)))
+            .collect();
+        let streamed: Vec<_> =
+            PcapStream::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()))
+                .unwrap()
+                .map(|r| r.map(|r| (r.timestamp_ns, r.link_type, r.data, r.orig_len)))
+                .collect();
+        assert_eq!(whole.len(), streamed.len(), "{}", path.display());
+        for (a, b) in whole.iter().zip(&streamed) {
+            assert_eq!(a.as_ref().ok(), b.as_ref().ok(), "{}", path.display());
+        }
+    }
+}

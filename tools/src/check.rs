@@ -2,11 +2,11 @@
 //! NIC's traffic (see `rnic_core::check` for the rules and what the checker
 //! can know from a capture).
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::time::Instant;
 
 use rnic_core::check::{Checker, Finding, Rule};
-use rnic_wire::pcap::PcapReader;
+use rnic_wire::pcap::PcapStream;
 use rnic_wire::LinkType;
 
 /// What a check found.
@@ -17,13 +17,14 @@ pub struct Verdict {
     pub file_error: bool,
 }
 
-/// Check `data` (a whole pcap or pcapng file), printing the report to
-/// `out`.
-pub fn check(data: &[u8], name: &str, out: &mut impl Write) -> io::Result<Verdict> {
+/// Check the pcap or pcapng file `input` reads, one packet at a time
+/// (memory grows with the connections, not with the file), printing the
+/// report to `out`.
+pub fn check(input: impl Read, name: &str, out: &mut impl Write) -> io::Result<Verdict> {
     let started = Instant::now();
     let mut checker = Checker::new();
     let mut file_error = false;
-    match PcapReader::new(data) {
+    match PcapStream::new(input) {
         Ok(reader) => {
             for (i, rec) in reader.enumerate() {
                 match rec {
@@ -31,7 +32,7 @@ pub fn check(data: &[u8], name: &str, out: &mut impl Write) -> io::Result<Verdic
                         i as u64 + 1,
                         r.timestamp_ns,
                         LinkType::from_pcap(r.link_type),
-                        r.data,
+                        &r.data,
                     ),
                     Err(e) => {
                         writeln!(

@@ -20,7 +20,7 @@ use std::io;
 use std::net::IpAddr;
 
 use rnic_wire::aeth::{NakCode, Syndrome};
-use rnic_wire::pcap::PcapReader;
+use rnic_wire::pcap::PcapStream;
 use rnic_wire::{Frame, LinkType, Operation, Transport};
 
 /// Rows shorter than this many runs of one opcode stay unfolded.
@@ -130,9 +130,13 @@ fn endpoint_name(ip: IpAddr, qp: Option<u32>) -> String {
 }
 
 /// Read `data` (a pcap or pcapng file) into a ladder.
-fn read(data: &[u8], opts: &Options, detail: bool) -> io::Result<Ladder> {
-    let reader = PcapReader::new(data)
+fn read(input: impl io::Read, opts: &Options, detail: bool) -> io::Result<Ladder> {
+    let reader = PcapStream::new(input)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("not a capture: {e}")))?;
+    // The conformance checker, fed as the packets go by, pairs each
+    // connection's two directions by PSN (and says what it finds wrong):
+    // a packet's source QP is the peer's of its connection.
+    let mut checker = rnic_core::check::Checker::new();
     // What each packet says; the source QP is learned below.
     struct Raw {
         t: u64,
@@ -152,8 +156,14 @@ fn read(data: &[u8], opts: &Options, detail: bool) -> io::Result<Ladder> {
     for (i, rec) in reader.enumerate() {
         let Ok(rec) = rec else { break };
         let n = i as u64 + 1;
+        checker.frame(
+            n,
+            rec.timestamp_ns,
+            LinkType::from_pcap(rec.link_type),
+            &rec.data,
+        );
         let Some(f) =
-            LinkType::from_pcap(rec.link_type).and_then(|l| Frame::parse(l, rec.data).ok())
+            LinkType::from_pcap(rec.link_type).and_then(|l| Frame::parse(l, &rec.data).ok())
         else {
             skipped += 1;
             continue;
@@ -237,21 +247,6 @@ fn read(data: &[u8], opts: &Options, detail: bool) -> io::Result<Ladder> {
                 violation: false,
             },
         });
-    }
-    // The conformance checker pairs each connection's two directions by
-    // PSN (and says what it finds wrong): a packet's source QP is the
-    // peer's of its connection.
-    let mut checker = rnic_core::check::Checker::new();
-    if let Ok(r) = PcapReader::new(data) {
-        for (i, rec) in r.enumerate() {
-            let Ok(rec) = rec else { break };
-            checker.frame(
-                i as u64 + 1,
-                rec.timestamp_ns,
-                LinkType::from_pcap(rec.link_type),
-                rec.data,
-            );
-        }
     }
     let mut peer_of: HashMap<(IpAddr, IpAddr, u32), u32> = HashMap::new();
     for ((a, qa), (b, qb)) in checker.connections() {
@@ -382,8 +377,8 @@ fn row_label(l: &Ladder, first: usize, count: usize) -> String {
 }
 
 /// The SVG of `data`.
-pub fn svg(data: &[u8], opts: &Options) -> io::Result<String> {
-    let l = read(data, opts, false)?;
+pub fn svg(input: impl io::Read, opts: &Options) -> io::Result<String> {
+    let l = read(input, opts, false)?;
     let width = LEFT + LANE * l.lifelines.len().max(2) + 40;
     let height = TOP + ROW * (l.rows.len() + 1) + 20;
     let mut s = String::new();
@@ -471,8 +466,8 @@ pub fn svg(data: &[u8], opts: &Options) -> io::Result<String> {
 }
 
 /// The HTML of `data`, titled `name`.
-pub fn html(data: &[u8], name: &str, opts: &Options) -> io::Result<String> {
-    let l = read(data, opts, true)?;
+pub fn html(input: impl io::Read, name: &str, opts: &Options) -> io::Result<String> {
+    let l = read(input, opts, true)?;
     let mut packets = Vec::with_capacity(l.packets.len());
     for p in &l.packets {
         packets.push(serde_json::json!([
@@ -525,12 +520,17 @@ pub fn html(data: &[u8], name: &str, opts: &Options) -> io::Result<String> {
 
 const HTML: &str = include_str!("ladder.html");
 
-/// Write the ladder of `data` (named `name`) to `output`: SVG or HTML by
-/// its extension.
-pub fn write(data: &[u8], name: &str, opts: &Options, output: &std::path::Path) -> io::Result<()> {
+/// Write the ladder of the capture `input` reads (named `name`) to
+/// `output`: SVG or HTML by its extension.
+pub fn write(
+    input: impl io::Read,
+    name: &str,
+    opts: &Options,
+    output: &std::path::Path,
+) -> io::Result<()> {
     let text = match output.extension().and_then(|e| e.to_str()) {
-        Some("svg") => svg(data, opts)?,
-        Some("html" | "htm") => html(data, name, opts)?,
+        Some("svg") => svg(input, opts)?,
+        Some("html" | "htm") => html(input, name, opts)?,
         _ => {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -627,8 +627,8 @@ fn main() -> ExitCode {
             time,
             no_fold,
         } => {
-            let data = match std::fs::read(&file) {
-                Ok(d) => d,
+            let input = match std::fs::File::open(&file) {
+                Ok(f) => io::BufReader::with_capacity(1 << 20, f),
                 Err(e) => {
                     eprintln!("rnic ladder: cannot read {}: {e}", file.display());
                     return ExitCode::from(2);
@@ -640,7 +640,7 @@ fn main() -> ExitCode {
                 time,
                 no_fold,
             };
-            match ladder::write(&data, &file.display().to_string(), &opts, &output) {
+            match ladder::write(input, &file.display().to_string(), &opts, &output) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("rnic ladder: {e}");
@@ -649,8 +649,8 @@ fn main() -> ExitCode {
             }
         }
         Command::Check { file } => {
-            let data = match std::fs::read(&file) {
-                Ok(d) => d,
+            let input = match std::fs::File::open(&file) {
+                Ok(f) => io::BufReader::with_capacity(1 << 20, f),
                 Err(e) => {
                     eprintln!("rnic check: cannot read {}: {e}", file.display());
                     return ExitCode::from(2);
@@ -659,7 +659,7 @@ fn main() -> ExitCode {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());
             let name = file.display().to_string();
-            match check::check(&data, &name, &mut out).and_then(|v| {
+            match check::check(input, &name, &mut out).and_then(|v| {
                 out.flush()?;
                 Ok(v)
             }) {

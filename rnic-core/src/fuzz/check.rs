@@ -2,10 +2,11 @@
 //! `check` fuzz target. The input is a run of frames, each a 2-byte
 //! big-endian length and that many bytes of an Ethernet frame (the seeds
 //! are real captures cut this way, so the fuzzer mutates real traffic), and
-//! the same bytes are read as a capture file too. Nothing may panic, and
-//! every finding names packets that were fed.
+//! the same bytes are read as a capture file too, by the in-memory reader
+//! and by the stream, which must read the same records. Nothing may panic,
+//! and every finding names packets that were fed.
 
-use rnic_wire::pcap::PcapReader;
+use rnic_wire::pcap::{PcapReader, PcapStream};
 use rnic_wire::LinkType;
 
 use crate::check::Checker;
@@ -33,12 +34,36 @@ pub fn run(data: &[u8]) {
     judge(c, n);
 
     let Ok(reader) = PcapReader::new(data) else {
+        assert!(
+            PcapStream::new(data).map_or(true, |mut s| !matches!(s.next(), Some(Ok(_)))),
+            "the stream read a record of what the reader refuses"
+        );
         return;
     };
+    // The stream, a record or block at a time, reads the records the
+    // reader reads. Where the file goes bad, both stop, not always at the
+    // same block (the reader wants a block whole before it skips it, the
+    // stream skips what there is), but neither reads a record the other
+    // did not.
+    let mut stream = PcapStream::new(data).ok();
     let mut c = Checker::new();
     let mut n = 0u64;
     for rec in reader.take(MAX_FRAMES as usize) {
-        let Ok(r) = rec else { break };
+        let streamed = stream.as_mut().map(Iterator::next);
+        let Ok(r) = rec else {
+            assert!(
+                !matches!(streamed, Some(Some(Ok(_)))),
+                "the stream read a record where the reader found the file bad"
+            );
+            break;
+        };
+        match streamed {
+            Some(Some(Ok(s))) => assert!(
+                s.data == r.data && s.timestamp_ns == r.timestamp_ns && s.link_type == r.link_type,
+                "the stream read another record"
+            ),
+            other => panic!("the stream read {other:?} where the reader read a record"),
+        }
         n += 1;
         c.frame(n, r.timestamp_ns, LinkType::from_pcap(r.link_type), r.data);
     }

@@ -812,7 +812,7 @@ pub fn run(
     }
     if let Some(l) = ladder {
         let title = format!("rnic demo --scenario {name}");
-        crate::ladder::write(&capture, &title, &crate::ladder::Options::default(), l)?;
+        crate::ladder::write(&capture[..], &title, &crate::ladder::Options::default(), l)?;
         writeln!(out, "ladder diagram written to {}", l.display())?;
     }
     Ok(ok)
