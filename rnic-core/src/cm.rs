@@ -702,7 +702,9 @@ impl CmAgent {
     /// Destroy every connection (see [`CmAgent::destroy`]): the NIC's
     /// process is ending.
     pub fn destroy_all(&mut self, now: Time) {
-        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        // In ID order: what goes out does not depend on the map's hashing.
+        let mut ids: Vec<u32> = self.conns.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
             self.destroy(now, CmId(id));
         }
@@ -1029,12 +1031,15 @@ impl CmAgent {
     /// Send again what waits for an answer past its time; give up on what
     /// has no retries left; end timewaits.
     pub fn on_timer(&mut self, now: Time) {
-        let due: Vec<u32> = self
+        let mut due: Vec<u32> = self
             .conns
             .iter()
             .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
             .map(|(&id, _)| id)
             .collect();
+        // In ID order, as `destroy_all`: the simulator replays a run only
+        // if what goes out does not depend on the map's hashing.
+        due.sort_unstable();
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else {
                 continue;
