@@ -314,6 +314,18 @@ fn parse_time_range(s: &str) -> Result<(f64, f64), String> {
     Ok((f(a)?, f(b)?))
 }
 
+/// A capture file opened for `rnic COMMAND` to read as a stream, or `None`
+/// (said on stderr) if it cannot be.
+fn open_capture(command: &str, file: &std::path::Path) -> Option<io::BufReader<std::fs::File>> {
+    match std::fs::File::open(file) {
+        Ok(f) => Some(io::BufReader::with_capacity(1 << 20, f)),
+        Err(e) => {
+            eprintln!("rnic {command}: cannot read {}: {e}", file.display());
+            None
+        }
+    }
+}
+
 /// A positive, finite number of seconds as a duration.
 fn secs(x: f64) -> Option<std::time::Duration> {
     (x.is_finite() && x > 0.0).then(|| std::time::Duration::from_secs_f64(x))
@@ -627,12 +639,8 @@ fn main() -> ExitCode {
             time,
             no_fold,
         } => {
-            let input = match std::fs::File::open(&file) {
-                Ok(f) => io::BufReader::with_capacity(1 << 20, f),
-                Err(e) => {
-                    eprintln!("rnic ladder: cannot read {}: {e}", file.display());
-                    return ExitCode::from(2);
-                }
+            let Some(input) = open_capture("ladder", &file) else {
+                return ExitCode::from(2);
             };
             let opts = ladder::Options {
                 qp,
@@ -649,12 +657,8 @@ fn main() -> ExitCode {
             }
         }
         Command::Check { file } => {
-            let input = match std::fs::File::open(&file) {
-                Ok(f) => io::BufReader::with_capacity(1 << 20, f),
-                Err(e) => {
-                    eprintln!("rnic check: cannot read {}: {e}", file.display());
-                    return ExitCode::from(2);
-                }
+            let Some(input) = open_capture("check", &file) else {
+                return ExitCode::from(2);
             };
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());

@@ -79,12 +79,6 @@ impl Setup {
     };
 }
 
-impl Default for Setup {
-    fn default() -> Setup {
-        Setup::RC
-    }
-}
-
 /// One side: its PD, CQ, QP and region.
 #[derive(Debug, Clone, Copy)]
 pub struct Side {
