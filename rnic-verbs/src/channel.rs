@@ -25,6 +25,10 @@ use rnic_core::cq::CqHandle;
 use rnic_core::srq::AsyncEvent;
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
+use parking_lot::Mutex;
+use std::sync::Weak;
+
+use crate::engine::{BusyPoll, Engine, Woken};
 use crate::{Error, Result};
 
 /// An eventfd that is readable while something waits behind it. Blocking,
@@ -170,6 +174,38 @@ impl<T> Waiting<T> {
             self.bell.read()?;
         }
     }
+
+    /// [`Waiting::read`] on a blocking descriptor, with the calling thread
+    /// driving `engine` as it waits (see `engine::drive`).
+    fn read_driven(&self, engine: &Engine, busy_poll: &BusyPoll) -> Result<T> {
+        loop {
+            if let Some(e) = self.take() {
+                return Ok(e);
+            }
+            let events = &self.events;
+            match engine.drive(self.bell.fd.as_fd(), None, busy_poll, &mut || !events.is_empty())? {
+                Woken::Ready | Woken::TimedOut => {}
+                Woken::Interrupted => {
+                    return Err(Error::Io(io::Error::from_raw_os_error(libc::EINTR)));
+                }
+            }
+        }
+    }
+
+    /// [`Waiting::next`] until `deadline`, with the calling thread driving
+    /// `engine` as it waits; signals do not end it.
+    fn next_driven(&self, engine: &Engine, deadline: Instant, busy_poll: &BusyPoll) -> Result<T> {
+        loop {
+            if let Some(e) = self.take() {
+                return Ok(e);
+            }
+            let events = &self.events;
+            match engine.drive(self.bell.fd.as_fd(), Some(deadline), busy_poll, &mut || !events.is_empty())? {
+                Woken::Ready | Woken::Interrupted => {}
+                Woken::TimedOut => return self.take().ok_or(Error::Timeout),
+            }
+        }
+    }
 }
 
 impl<T> AsFd for Waiting<T> {
@@ -195,10 +231,25 @@ impl Notify {
 }
 
 /// A completion channel (`ibv_create_comp_channel`).
+///
+/// A thread that waits for its next event in
+/// [`read_cq_event`](Self::read_cq_event) or
+/// [`get_cq_event`](Self::get_cq_event), when the channel's queues are all
+/// of one device, sleeps on that device's socket as well, and takes in
+/// what arrives itself: one wake-up per event instead of two (see
+/// `engine::drive`).
 #[derive(Debug, Clone)]
 pub struct CompletionChannel {
     pub(crate) signal: Arc<Raise<CqHandle>>,
     waiting: Waiting<CqHandle>,
+    /// The engines of the devices whose queues report here.
+    engines: Arc<Mutex<Vec<Weak<Engine>>>>,
+    /// The last wait was driven: arming one of the channel's queues needs
+    /// the engine thread no more than a poll does, since the next wait
+    /// will take in what arrives.
+    pub(crate) driven: Arc<AtomicBool>,
+    /// Whether its waits spin before they sleep.
+    busy_poll: Arc<BusyPoll>,
 }
 
 impl CompletionChannel {
@@ -207,7 +258,32 @@ impl CompletionChannel {
         Ok(CompletionChannel {
             signal: Arc::new(signal),
             waiting,
+            engines: Arc::default(),
+            driven: Arc::default(),
+            busy_poll: Arc::default(),
         })
+    }
+
+    /// A queue of `engine`'s device reports here.
+    pub(crate) fn serves(&self, engine: &Arc<Engine>) {
+        let mut e = self.engines.lock();
+        e.retain(|w| w.strong_count() > 0);
+        if !e.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(engine))) {
+            e.push(Arc::downgrade(engine));
+        }
+    }
+
+    /// The engine a waiting thread drives: the one device's whose queues
+    /// report here, if there is one, and if a wait on the descriptor
+    /// blocks (a program that made it non-blocking wants an answer now).
+    fn driver(&self) -> Option<Arc<Engine>> {
+        let e = self.engines.lock();
+        let [one] = e.as_slice() else { return None };
+        let engine = one.upgrade()?;
+        drop(e);
+        let blocking = rustix::fs::fcntl_getfl(&self.waiting.bell.fd)
+            .is_ok_and(|f| !f.contains(rustix::fs::OFlags::NONBLOCK));
+        blocking.then_some(engine)
     }
 
     /// Wait up to `timeout` (zero: do not wait) for an event, and return the
@@ -215,6 +291,12 @@ impl CompletionChannel {
     /// ([`CompletionQueue::id`](crate::CompletionQueue::id)). The queue is
     /// disarmed: poll it, then arm it again. Signals do not end the wait.
     pub fn get_cq_event(&self, timeout: Duration) -> Result<u32> {
+        if let Some(engine) = self.driver().filter(|_| !timeout.is_zero()) {
+            self.driven.store(true, Ordering::Relaxed);
+            let deadline = Instant::now() + timeout;
+            return self.waiting.next_driven(&engine, deadline, &self.busy_poll).map(|cq| cq.0);
+        }
+        self.driven.store(false, Ordering::Relaxed);
         self.waiting.next(Some(timeout)).map(|cq| cq.0)
     }
 
@@ -224,6 +306,11 @@ impl CompletionChannel {
     /// lacks `SA_RESTART` ([`io::ErrorKind::Interrupted`]). This is what
     /// rdma-core's `ibv_get_cq_event` does.
     pub fn read_cq_event(&self) -> Result<u32> {
+        if let Some(engine) = self.driver() {
+            self.driven.store(true, Ordering::Relaxed);
+            return self.waiting.read_driven(&engine, &self.busy_poll).map(|cq| cq.0);
+        }
+        self.driven.store(false, Ordering::Relaxed);
         self.waiting.read().map(|cq| cq.0)
     }
 }

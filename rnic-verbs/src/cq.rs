@@ -48,6 +48,10 @@ impl Device {
     ) -> Result<CompletionQueue> {
         let delivered = Arc::new(Delivered::default());
         let armed = Arc::new(AtomicBool::new(false));
+        if let Some(c) = channel {
+            c.serves(&self.engine);
+        }
+        let driven = channel.map(|c| c.driven.clone());
         let notify = channel.map(|c| channel::Notify {
             armed: armed.clone(),
             signal: c.signal.clone(),
@@ -65,6 +69,7 @@ impl Device {
             cq,
             delivered,
             armed,
+            driven,
             dev: self.clone(),
             destroyed: AtomicBool::new(false),
         })
@@ -78,6 +83,9 @@ pub struct CompletionQueue {
     pub(crate) cq: CqHandle,
     pub(crate) delivered: Arc<Delivered>,
     pub(crate) armed: Arc<AtomicBool>,
+    /// Its channel's waits are driven (see [`CompletionChannel`]), if it
+    /// has a channel.
+    driven: Option<Arc<AtomicBool>>,
     /// For run-to-completion: a poll that finds the queue empty takes in
     /// what has arrived itself.
     pub(crate) dev: Device,
@@ -117,7 +125,10 @@ impl CompletionQueue {
     /// already waiting do not count: arm, poll, then wait for the event.
     pub fn req_notify(&self) {
         self.armed.store(true, Ordering::Release);
-        self.dev.engine.expect_sleeper();
+        // A thread that waits on the channel takes in what arrives itself.
+        if !self.driven.as_ref().is_some_and(|d| d.load(Ordering::Relaxed)) {
+            self.dev.engine.expect_sleeper();
+        }
     }
     /// Take the completions waiting (none is an empty vector). If none
     /// is, first take in what the NIC has received, on this thread.

@@ -77,6 +77,7 @@ mod mw;
 mod pd;
 mod qp;
 pub mod rendezvous;
+mod signals;
 mod srq;
 #[allow(unsafe_code)]
 pub mod udp;

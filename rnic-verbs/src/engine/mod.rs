@@ -36,6 +36,7 @@
 //! - [`sockets`]: the UDP sockets and the claim on an address;
 //! - [`exit`]: what a process's exit sends.
 
+mod drive;
 mod egress;
 mod exit;
 mod hold;
@@ -75,6 +76,7 @@ use shared::{Inbox, Shared};
 pub(crate) use sockets::bind_abstract;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub use sockets::{nic_on, reserve_loopback, reserve_loopback_for_exec};
+pub(crate) use drive::{BusyPoll, Woken};
 pub(crate) use state::{CqSink, EngineState, EventSink};
 
 /// The UDP port of RoCE v2.
@@ -284,6 +286,8 @@ impl Engine {
             tid: AtomicU32::new(0),
             away: AtomicBool::new(false),
             sleeper: AtomicBool::new(false),
+            drivers: AtomicUsize::new(0),
+            busy_poll_window: config.linger_window,
             polled_packets: AtomicU64::new(0),
             engine_packets: AtomicU64::new(0),
             lingered_packets: AtomicU64::new(0),
@@ -299,9 +303,8 @@ impl Engine {
         // class too) before the first packet, not whenever the scheduler
         // first runs it.
         let (ready, started) = std::sync::mpsc::sync_channel(1);
-        let thread = std::thread::Builder::new()
-            .name(format!("rnic-engine-{addr}"))
-            .spawn(move || {
+        let builder = std::thread::Builder::new().name(format!("rnic-engine-{addr}"));
+        let thread = crate::signals::spawn(builder, move || {
                 let _entered = span.enter();
                 engine_side.tid.store(
                     rustix::thread::gettid().as_raw_nonzero().get() as u32,

@@ -126,6 +126,13 @@ pub(super) struct Shared {
     pub(super) away: AtomicBool,
     /// A thread said it is about to sleep until a completion.
     pub(super) sleeper: AtomicBool,
+    /// Threads asleep on a completion channel and on the socket, which
+    /// take in what arrives themselves (see `drive`): they count as
+    /// threads that poll.
+    pub(super) drivers: AtomicUsize,
+    /// How long a driving thread spins before it sleeps, where that pays
+    /// (ns; `RNIC_BUSY_POLL_US`, see `drive::BusyPoll`).
+    pub(super) busy_poll_window: u64,
     /// Packets taken in by polling threads, ever.
     pub(super) polled_packets: AtomicU64,
     /// Packets taken in by the engine thread, ever.
@@ -304,7 +311,12 @@ impl Shared {
         }
     }
 
+    /// When a thread last polled or posted: now, while a thread drives the
+    /// engine from a wait (see `drive`).
     pub(super) fn last_active(&self) -> Option<u64> {
+        if self.drivers.load(Ordering::SeqCst) > 0 {
+            return Some(self.clock().max(1));
+        }
         match self.last_active.load(Ordering::Relaxed) {
             0 => None,
             t => Some(t),

@@ -92,6 +92,12 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
             {
                 continue;
             }
+            // What the pollers never take in: the CM messages another NIC
+            // hands on, the packets that come through `lo` (woken for
+            // them, see `leave_to_pollers`).
+            if take_in_side(sh) {
+                continue;
+            }
             if linger.stop() {
                 linger_class(realtime, false);
             }
@@ -267,7 +273,23 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
     if !sh.sleeper.load(Ordering::SeqCst) {
         watch.sleeping(true, now);
         sh.away_sleeps.fetch_add(1, Ordering::Relaxed);
-        sleep(sh, &mut [PollFd::new(&sh.wake, PollFlags::IN)], timeout);
+        // Woken too for what only this thread takes in (taken in at the
+        // next look), and for another NIC joining.
+        let mut fds = [(); 4].map(|()| PollFd::new(&sh.wake, PollFlags::IN));
+        let mut watched = 1;
+        for rx in sh.side_rx() {
+            fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
+            watched += 1;
+        }
+        let joining = sh.listener.as_ref().map(|l| {
+            fds[watched] = PollFd::new(l, PollFlags::IN);
+            watched += 1;
+            watched - 1
+        });
+        sleep(sh, &mut fds[..watched], timeout);
+        if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
+            sh.state.lock().relay.accept();
+        }
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
@@ -283,6 +305,19 @@ fn take_in_away(sh: &Shared, rx: Rx<'_>, program_active: bool) -> Received {
     sh.engine_packets
         .fetch_add(got.packets as u64, Ordering::Relaxed);
     got
+}
+
+/// Take in what waits where only the engine thread looks (see
+/// [`Shared::side_rx`]), or a thread that drives it from a wait (see
+/// `drive`); whether anything did.
+pub(super) fn take_in_side(sh: &Shared) -> bool {
+    let mut took = false;
+    for rx in sh.side_rx() {
+        if readable(rx.fd()) {
+            took |= take_in_away(sh, rx, false).packets > 0;
+        }
+    }
+    took
 }
 
 /// `requests` that no completion shows waited for the engine thread: it

@@ -14,6 +14,7 @@ use super::watch::Watch;
 use super::Engine;
 use crate::*;
 
+mod driven;
 mod held;
 mod watching;
 
