@@ -183,7 +183,9 @@ impl<T> Waiting<T> {
                 return Ok(e);
             }
             let events = &self.events;
-            match engine.drive(self.bell.fd.as_fd(), None, busy_poll, &mut || !events.is_empty())? {
+            match engine.drive(self.bell.fd.as_fd(), None, busy_poll, &mut || {
+                !events.is_empty()
+            })? {
                 Woken::Ready | Woken::TimedOut => {}
                 Woken::Interrupted => {
                     return Err(Error::Io(io::Error::from_raw_os_error(libc::EINTR)));
@@ -200,7 +202,9 @@ impl<T> Waiting<T> {
                 return Ok(e);
             }
             let events = &self.events;
-            match engine.drive(self.bell.fd.as_fd(), Some(deadline), busy_poll, &mut || !events.is_empty())? {
+            match engine.drive(self.bell.fd.as_fd(), Some(deadline), busy_poll, &mut || {
+                !events.is_empty()
+            })? {
                 Woken::Ready | Woken::Interrupted => {}
                 Woken::TimedOut => return self.take().ok_or(Error::Timeout),
             }
@@ -268,7 +272,10 @@ impl CompletionChannel {
     pub(crate) fn serves(&self, engine: &Arc<Engine>) {
         let mut e = self.engines.lock();
         e.retain(|w| w.strong_count() > 0);
-        if !e.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(engine))) {
+        if !e
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(engine)))
+        {
             e.push(Arc::downgrade(engine));
         }
     }
@@ -294,7 +301,10 @@ impl CompletionChannel {
         if let Some(engine) = self.driver().filter(|_| !timeout.is_zero()) {
             self.driven.store(true, Ordering::Relaxed);
             let deadline = Instant::now() + timeout;
-            return self.waiting.next_driven(&engine, deadline, &self.busy_poll).map(|cq| cq.0);
+            return self
+                .waiting
+                .next_driven(&engine, deadline, &self.busy_poll)
+                .map(|cq| cq.0);
         }
         self.driven.store(false, Ordering::Relaxed);
         self.waiting.next(Some(timeout)).map(|cq| cq.0)
@@ -308,7 +318,10 @@ impl CompletionChannel {
     pub fn read_cq_event(&self) -> Result<u32> {
         if let Some(engine) = self.driver() {
             self.driven.store(true, Ordering::Relaxed);
-            return self.waiting.read_driven(&engine, &self.busy_poll).map(|cq| cq.0);
+            return self
+                .waiting
+                .read_driven(&engine, &self.busy_poll)
+                .map(|cq| cq.0);
         }
         self.driven.store(false, Ordering::Relaxed);
         self.waiting.read().map(|cq| cq.0)

@@ -126,7 +126,11 @@ impl CompletionQueue {
     pub fn req_notify(&self) {
         self.armed.store(true, Ordering::Release);
         // A thread that waits on the channel takes in what arrives itself.
-        if !self.driven.as_ref().is_some_and(|d| d.load(Ordering::Relaxed)) {
+        if !self
+            .driven
+            .as_ref()
+            .is_some_and(|d| d.load(Ordering::Relaxed))
+        {
             self.dev.engine.expect_sleeper();
         }
     }

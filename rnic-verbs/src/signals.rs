@@ -3,28 +3,34 @@
 //! `ibv_get_cq_event` is a `read(2)` of the channel's descriptor, and
 //! programs rely on how a signal ends it: a handler installed without
 //! `SA_RESTART` makes it fail with `EINTR` (qperf ends each test with
-//! `alarm`), one with `SA_RESTART` is invisible. A thread that waits on the
-//! NIC's socket as well as on the channel (see `engine::drive`) sleeps in
-//! poll(2), which the kernel never restarts: left as it is, every signal
-//! would end the wait. So the waiting thread blocks every signal, watches
-//! the ones its program lets in through a signalfd, and when one comes,
-//! looks at its disposition before letting it in: the handler runs as it
-//! would have, and the wait ends with `EINTR` exactly when `read(2)` would
-//! have.
+//! `alarm`), one with `SA_RESTART` is invisible, and the kernel prefers
+//! the waiting thread for a signal sent to the process. A thread that
+//! waits on the NIC's socket as well as on the channel (see
+//! `engine::drive`) sleeps in ppoll(2), which a signal always ends, and
+//! runs the engine between sleeps. So it blocks every signal while it
+//! works, and lets in what its program lets in only while it sleeps (the
+//! kernel then prefers it, as in `read(2)`):
+//!
+//! - a signal that came while it worked is pending when it is about to
+//!   sleep: it knows which, and judges it by its disposition before it
+//!   lets it in ([`Blocked::let_in`]);
+//! - a signal that ends the sleep has run its handler already: the wait
+//!   ends with `EINTR` if a signal the thread lets in has a handler without
+//!   `SA_RESTART` ([`Blocked::sleep`]). That is exact unless the program
+//!   has handlers of both kinds, where a signal of the restarting kind
+//!   also ends the wait: a spurious `EINTR` that a program can retry,
+//!   rather than a wait that goes on after a signal that should have
+//!   ended it.
 //!
 //! rnic's own threads block every signal from their first instruction
-//! ([`spawn`]): a signal sent to the process while its waiting thread
-//! blocks them goes to another thread that lets it in, and the engine
-//! thread must not be that thread (the program's handler would run there
-//! and the wait would never end).
+//! ([`spawn`]): a program's handler never runs on them.
 
 // sigprocmask, sigaction and signalfd, which std and rustix do not wrap.
 #![allow(unsafe_code)]
 
-use std::cell::RefCell;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 /// A signal set.
 #[derive(Clone, Copy)]
@@ -71,10 +77,6 @@ impl SigSet {
     fn is_empty(&self) -> bool {
         signals().all(|s| !self.has(s))
     }
-
-    fn same(&self, other: &SigSet) -> bool {
-        signals().all(|s| self.has(s) == other.has(s))
-    }
 }
 
 /// Every signal number.
@@ -106,46 +108,45 @@ impl Blocked {
         })
     }
 
-    /// A descriptor that is readable while a signal the thread's own mask
-    /// lets in is pending, for it or for the process (one per thread, kept
-    /// between waits).
-    pub fn watch(&self) -> io::Result<BorrowedFd<'static>> {
-        thread_local! {
-            static WATCH: RefCell<Option<(SigSet, OwnedFd)>> = const { RefCell::new(None) };
+    /// Sleep in ppoll(2) on `fds` for up to `timeout` (`None`: until one
+    /// is ready), letting in the signals the thread's own mask lets in:
+    /// whether a signal that came ended the wait as it would have ended
+    /// `read(2)` (see the module's documentation). The system call itself,
+    /// not the C library's: that one is a cancellation point, and a thread
+    /// cancelled there would unwind through frames that cannot be unwound.
+    pub fn sleep(&self, fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<bool> {
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: t.subsec_nanos().into(),
+        });
+        let tsp = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: valid descriptors and a timespec that outlive the call;
+        // the kernel's signal set is the first 8 bytes of the C library's.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ppoll,
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                tsp,
+                &self.own.0 as *const libc::sigset_t,
+                8usize,
+            )
+        };
+        if r >= 0 {
+            return Ok(false);
         }
-        let wanted = SigSet::full().minus(&self.own);
-        WATCH.with(|w| {
-            let mut w = w.borrow_mut();
-            let fd = match w.as_ref() {
-                Some((mask, fd)) if mask.same(&wanted) => fd.as_raw_fd(),
-                Some((_, fd)) => {
-                    // SAFETY: updates the mask of this thread's own signalfd.
-                    if unsafe { libc::signalfd(fd.as_raw_fd(), &wanted.0, 0) } < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    let raw = fd.as_raw_fd();
-                    if let Some((mask, _)) = w.as_mut() {
-                        *mask = wanted;
-                    }
-                    raw
-                }
-                None => {
-                    // SAFETY: a new descriptor, owned below.
-                    let raw = unsafe {
-                        libc::signalfd(-1, &wanted.0, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC)
-                    };
-                    if raw < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    // SAFETY: just opened, owned by nothing else.
-                    *w = Some((wanted, unsafe { OwnedFd::from_raw_fd(raw) }));
-                    raw
-                }
-            };
-            // SAFETY: the descriptor lives in this thread's local until the
-            // thread ends, and only this thread borrows it.
-            Ok(unsafe { BorrowedFd::borrow_raw(fd) })
-        })
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+        Ok(interrupts(&SigSet::full().minus(&self.own)))
+    }
+
+    /// Whether a signal the thread lets in is pending.
+    pub fn pending_any(&self) -> bool {
+        !self.pending().is_empty()
     }
 
     /// The pending signals that the thread's own mask lets in.
@@ -174,10 +175,10 @@ impl Drop for Blocked {
     }
 }
 
-/// Whether one of `pending` has a handler installed without `SA_RESTART`
-/// (read before it runs: `SA_RESETHAND` resets it).
-fn interrupts(pending: &SigSet) -> bool {
-    signals().filter(|&s| pending.has(s)).any(|sig| {
+/// Whether one of `signals` has a handler installed without `SA_RESTART`
+/// (for a pending signal, read before it runs: `SA_RESETHAND` resets it).
+fn interrupts(set: &SigSet) -> bool {
+    signals().filter(|&s| set.has(s)).any(|sig| {
         let mut act = MaybeUninit::<libc::sigaction>::uninit();
         // SAFETY: reads the disposition only (no new action).
         if unsafe { libc::sigaction(sig, std::ptr::null(), act.as_mut_ptr()) } != 0 {
@@ -193,7 +194,10 @@ fn interrupts(pending: &SigSet) -> bool {
 
 /// Start a thread of rnic's own, with every signal blocked from its first
 /// instruction (see the module's documentation).
-pub(crate) fn spawn<F, T>(builder: std::thread::Builder, f: F) -> io::Result<std::thread::JoinHandle<T>>
+pub(crate) fn spawn<F, T>(
+    builder: std::thread::Builder,
+    f: F,
+) -> io::Result<std::thread::JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -221,41 +225,65 @@ mod tests {
         act.sa_sigaction = handler as *const () as usize;
         act.sa_flags = flags;
         // SAFETY: a valid handler, installed for the test's own signal.
-        assert_eq!(unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) }, 0);
+        assert_eq!(
+            unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) },
+            0
+        );
     }
 
-    /// A signal sent while the thread blocks all is seen on the watch
-    /// descriptor, runs its handler when let in, and interrupts exactly
-    /// when the handler lacks SA_RESTART.
+    /// A signal sent while the thread blocks all waits, is seen pending,
+    /// runs its handler when let in, and interrupts exactly when the
+    /// handler lacks SA_RESTART.
     #[test]
-    fn a_blocked_signal_is_watched_run_and_judged_by_its_disposition() {
+    fn a_blocked_signal_is_seen_run_and_judged_by_its_disposition() {
         let (restart, plain) = (libc::SIGRTMIN() + 3, libc::SIGRTMIN() + 4);
         install(restart, libc::SA_RESTART);
         install(plain, 0);
         std::thread::spawn(move || {
             for (sig, interrupts) in [(restart, false), (plain, true)] {
                 let b = Blocked::all().unwrap();
-                let fd = b.watch().unwrap();
-                let mut fds = [rustix::event::PollFd::from_borrowed_fd(
-                    fd,
-                    rustix::event::PollFlags::IN,
-                )];
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 0);
+                assert!(!b.pending_any());
                 let before = RAN.load(Ordering::SeqCst);
                 // SAFETY: sends a signal to this thread.
                 unsafe { libc::pthread_kill(libc::pthread_self(), sig) };
                 assert_eq!(RAN.load(Ordering::SeqCst), before, "blocked");
-                assert_eq!(rustix::event::poll(&mut fds, Some(&zero)).unwrap(), 1);
+                assert!(b.pending_any());
                 assert_eq!(b.let_in().unwrap(), interrupts, "signal {sig}");
                 assert_eq!(RAN.load(Ordering::SeqCst), before + 1, "handled");
             }
         })
         .join()
         .unwrap();
+    }
+
+    /// A signal that comes during the sleep runs its handler there, and
+    /// ends the sleep as it would end read(2) when the only handlers the
+    /// thread lets in are of one kind.
+    #[test]
+    fn a_signal_in_the_sleep_ends_it_as_read_would_end() {
+        let sig = libc::SIGRTMIN() + 5;
+        // Only this signal's handler is let in: the others stay blocked.
+        for (flags, interrupts) in [(libc::SA_RESTART, false), (0, true)] {
+            install(sig, flags);
+            let (tx, rx) = std::sync::mpsc::channel();
+            let t = std::thread::spawn(move || {
+                let mut only = SigSet::full();
+                // SAFETY: removes a valid signal from an initialised set.
+                unsafe { libc::sigdelset(&mut only.0, sig) };
+                set_mask(&only).unwrap();
+                let b = Blocked::all().unwrap();
+                // SAFETY: this thread's own handle.
+                tx.send(unsafe { libc::pthread_self() } as usize).unwrap();
+                let before = RAN.load(Ordering::SeqCst);
+                let r = b.sleep(&mut [], Some(Duration::from_secs(10))).unwrap();
+                (r, RAN.load(Ordering::SeqCst) - before)
+            });
+            let tid = rx.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            // SAFETY: the thread lives until joined below.
+            unsafe { libc::pthread_kill(tid as libc::pthread_t, sig) };
+            assert_eq!(t.join().unwrap(), (interrupts, 1), "flags {flags}");
+        }
     }
 
     /// rnic's threads block every signal.

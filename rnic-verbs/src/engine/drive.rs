@@ -16,16 +16,14 @@
 //! waited on so does not bring the engine thread back to the socket (see
 //! [`crate::channel`]).
 //!
-//! The wait is poll(2), which a signal always ends; the thread blocks
-//! signals and lets them in the way `read(2)` would have (see
-//! [`crate::signals`]).
+//! The wait is ppoll(2), which a signal always ends; the thread lets
+//! signals in, and ends its wait for them, the way `read(2)` would have
+//! (see [`crate::signals`]).
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
-
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 use super::thread::take_in_side;
 use super::Engine;
@@ -58,8 +56,8 @@ impl Engine {
         let window = Duration::from_nanos(sh.busy_poll_window);
         // Whether it spun before its first sleep, and slept.
         let (mut spun, mut slept) = (false, false);
+        // Signals are let in only while it sleeps (see `signals`).
         let mut blocked = Blocked::all()?;
-        let signals = blocked.watch()?;
         sh.drivers.fetch_add(1, Ordering::SeqCst);
         let _leaving = Leaving(self);
         loop {
@@ -69,31 +67,22 @@ impl Engine {
                 busy_poll.ended(started.elapsed(), window, slept);
                 return Ok(Woken::Ready);
             }
-            if !std::mem::replace(&mut spun, true) {
-                if !window.is_zero() && busy_poll.may() && self.spin(window, ready) {
-                    busy_poll.ended(started.elapsed(), window, false);
-                    return Ok(Woken::Ready);
-                }
+            if !std::mem::replace(&mut spun, true)
+                && !window.is_zero()
+                && busy_poll.may()
+                && self.spin(window, ready)
+            {
+                busy_poll.ended(started.elapsed(), window, false);
+                return Ok(Woken::Ready);
             }
-            // Requests and, steered apart or not, responses: what the
-            // engine thread would watch for this program.
-            let responses = sh
-                .responses_rx()
-                .filter(|_| sh.steering.load(Ordering::Relaxed));
-            // And what only the engine thread takes in otherwise, which
-            // it does not watch while a thread drives it.
-            let mut fds = [
-                PollFd::from_borrowed_fd(bell, PollFlags::IN),
-                PollFd::from_borrowed_fd(signals, PollFlags::IN),
-                PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
-                PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
-                PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
-                PollFd::from_borrowed_fd(sh.rx().fd(), PollFlags::IN),
-            ];
-            let mut n = 3;
-            for rx in responses.into_iter().chain(sh.side_rx()) {
-                fds[n] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
-                n += 1;
+            // A signal that came meanwhile: let in (its handler runs now,
+            // on this thread), and judged.
+            if blocked.pending_any() {
+                if blocked.let_in()? {
+                    return Ok(Woken::Interrupted);
+                }
+                blocked = Blocked::all()?;
+                continue;
             }
             let timeout = match deadline {
                 Some(d) => {
@@ -101,24 +90,34 @@ impl Engine {
                     if left.is_zero() {
                         return Ok(Woken::TimedOut);
                     }
-                    Some(Timespec::try_from(left).unwrap_or(Timespec {
-                        tv_sec: 1,
-                        tv_nsec: 0,
-                    }))
+                    Some(left)
                 }
                 None => None,
             };
-            slept = true;
-            match poll(&mut fds[..n], timeout.as_ref()) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
+            // Requests and, steered apart or not, responses: what the
+            // engine thread would watch for this program; and what only
+            // the engine thread takes in otherwise, which it does not
+            // watch while a thread drives it.
+            let responses = sh
+                .responses_rx()
+                .filter(|_| sh.steering.load(Ordering::Relaxed));
+            let watched = std::iter::once(bell)
+                .chain(std::iter::once(sh.rx().fd()))
+                .chain(responses.into_iter().chain(sh.side_rx()).map(|r| r.fd()));
+            let mut fds = [libc::pollfd {
+                fd: -1,
+                events: 0,
+                revents: 0,
+            }; 5];
+            let mut n = 0;
+            for (slot, fd) in fds.iter_mut().zip(watched) {
+                slot.fd = fd.as_raw_fd();
+                slot.events = libc::POLLIN;
+                n += 1;
             }
-            if fds[1].revents().contains(PollFlags::IN) {
-                // The handlers run now, on this thread, as in read(2).
-                if blocked.let_in()? {
-                    return Ok(Woken::Interrupted);
-                }
-                blocked = Blocked::all()?;
+            slept = true;
+            if blocked.sleep(&mut fds[..n], timeout)? {
+                return Ok(Woken::Interrupted);
             }
         }
     }
@@ -211,7 +210,10 @@ mod tests {
         b.ended(US(30), W, false);
         assert!(b.may(), "two short waits");
         b.ended(US(90), W, false);
-        assert!(!b.may(), "spun 50 us, and no answer until 90: too long without a sleep");
+        assert!(
+            !b.may(),
+            "spun 50 us, and no answer until 90: too long without a sleep"
+        );
         for _ in 0..4 {
             b.ended(US(10), W, false);
         }

@@ -70,13 +70,13 @@ use rustix::event::{eventfd, EventfdFlags};
 
 use crate::Config;
 
+pub(crate) use drive::{BusyPoll, Woken};
 use exit::register;
 pub use observe::TapEvent;
 use shared::{Inbox, Shared};
 pub(crate) use sockets::bind_abstract;
 use sockets::{claim_udp, gso_default, link_mtu, open_socket_shared};
 pub use sockets::{nic_on, reserve_loopback, reserve_loopback_for_exec};
-pub(crate) use drive::{BusyPoll, Woken};
 pub(crate) use state::{CqSink, EngineState, EventSink};
 
 /// The UDP port of RoCE v2.
@@ -305,16 +305,16 @@ impl Engine {
         let (ready, started) = std::sync::mpsc::sync_channel(1);
         let builder = std::thread::Builder::new().name(format!("rnic-engine-{addr}"));
         let thread = crate::signals::spawn(builder, move || {
-                let _entered = span.enter();
-                engine_side.tid.store(
-                    rustix::thread::gettid().as_raw_nonzero().get() as u32,
-                    Ordering::Relaxed,
-                );
-                let realtime = sched::apply(priority);
-                tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
-                let _ = ready.send(());
-                thread::run(&engine_side, realtime, linger_window);
-            })?;
+            let _entered = span.enter();
+            engine_side.tid.store(
+                rustix::thread::gettid().as_raw_nonzero().get() as u32,
+                Ordering::Relaxed,
+            );
+            let realtime = sched::apply(priority);
+            tracing::debug!("engine started on UDP port {ROCE_PORT}, real-time: {realtime}");
+            let _ = ready.send(());
+            thread::run(&engine_side, realtime, linger_window);
+        })?;
         // An error here means the thread ended before it was ready; the
         // engine then fails its first call as it would have anyway.
         let _ = started.recv();

@@ -105,16 +105,28 @@ fn a_signal_ends_a_driven_wait_exactly_when_it_would_end_read() {
         let waiting = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
+                // The thread lets in this signal alone: the handlers other
+                // tests install for theirs are not its program's.
+                let mut only = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+                // SAFETY: initialises the set, then sets this thread's mask.
+                unsafe {
+                    libc::sigfillset(only.as_mut_ptr());
+                    libc::sigdelset(only.as_mut_ptr(), sig);
+                    libc::pthread_sigmask(libc::SIG_SETMASK, only.as_ptr(), std::ptr::null_mut());
+                }
                 // SAFETY: this thread's own handle.
-                tid_tx.send(unsafe { libc::pthread_self() } as usize).unwrap();
+                tid_tx
+                    .send(unsafe { libc::pthread_self() } as usize)
+                    .unwrap();
                 p.a_rcq.req_notify();
                 waiting.store(true, Ordering::SeqCst);
                 let r = p.chan.read_cq_event();
-                done_tx.send(r.map_err(|e| match e {
-                    Error::Io(e) => e.raw_os_error(),
-                    _ => None,
-                }))
-                .unwrap();
+                done_tx
+                    .send(r.map_err(|e| match e {
+                        Error::Io(e) => e.raw_os_error(),
+                        _ => None,
+                    }))
+                    .unwrap();
             });
             let tid = tid_rx.recv().unwrap();
             while !waiting.load(Ordering::SeqCst) {
@@ -122,7 +134,10 @@ fn a_signal_ends_a_driven_wait_exactly_when_it_would_end_read() {
             }
             std::thread::sleep(Duration::from_millis(50));
             // SAFETY: the thread lives until it has sent its result.
-            assert_eq!(unsafe { libc::pthread_kill(tid as libc::pthread_t, sig) }, 0);
+            assert_eq!(
+                unsafe { libc::pthread_kill(tid as libc::pthread_t, sig) },
+                0
+            );
             let early = done_rx.recv_timeout(Duration::from_millis(500));
             // However it went, the SEND ends a wait still going.
             p.post();
@@ -138,6 +153,10 @@ fn a_signal_ends_a_driven_wait_exactly_when_it_would_end_read() {
                 assert_eq!(early, Ok(Err(Some(libc::EINTR))), "no SA_RESTART: EINTR");
             }
         });
-        assert_eq!(HANDLED.load(Ordering::SeqCst), handled + 1, "restart {restart}");
+        assert_eq!(
+            HANDLED.load(Ordering::SeqCst),
+            handled + 1,
+            "restart {restart}"
+        );
     }
 }

@@ -539,7 +539,10 @@ fn arming_a_queue_for_an_event_brings_the_engine_back() {
     p.until_away();
     p.send_later(|cq| {
         cq.req_notify();
-        let mut fds = [rustix::event::PollFd::new(&p.chan, rustix::event::PollFlags::IN)];
+        let mut fds = [rustix::event::PollFd::new(
+            &p.chan,
+            rustix::event::PollFlags::IN,
+        )];
         let ten = rustix::event::Timespec {
             tv_sec: 10,
             tv_nsec: 0,
