@@ -96,7 +96,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "RNIC_BUSY_POLL_US",
         default: "50",
-        meaning: "Microseconds the engine thread lingers on the socket after its last piece of work, where that pays (0: never).",
+        meaning: "Microseconds the engine thread lingers on the socket after its last piece of work, and a thread waiting for a completion event spins before it sleeps, where that pays (0: never).",
         read_by: ReadBy::Device,
     },
     Variable {
@@ -182,7 +182,8 @@ pub struct Config {
     pub response_socket: bool,
     /// `RNIC_ENGINE_PRIORITY`: the engine thread's scheduling class.
     pub priority: Priority,
-    /// `RNIC_BUSY_POLL_US`: how long the engine thread lingers (ns).
+    /// `RNIC_BUSY_POLL_US`: how long the engine thread lingers, and a
+    /// driven wait spins (ns).
     pub linger_window: u64,
 }
 
