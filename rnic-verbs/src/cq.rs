@@ -8,7 +8,7 @@ use rnic_core::cq::CqHandle;
 
 use crate::channel;
 use crate::delivered::Delivered;
-use crate::engine::CqSink;
+use crate::engine::{BusyPoll, CqSink, Woken};
 use crate::{Completion, CompletionChannel, Device, Error, Result};
 
 impl Device {
@@ -70,6 +70,7 @@ impl Device {
             delivered,
             armed,
             driven,
+            busy_poll: BusyPoll::default(),
             dev: self.clone(),
             destroyed: AtomicBool::new(false),
         })
@@ -86,6 +87,8 @@ pub struct CompletionQueue {
     /// Its channel's waits are driven (see [`CompletionChannel`]), if it
     /// has a channel.
     driven: Option<Arc<AtomicBool>>,
+    /// Whether [`CompletionQueue::wait`] spins before it sleeps.
+    busy_poll: BusyPoll,
     /// For run-to-completion: a poll that finds the queue empty takes in
     /// what has arrived itself.
     pub(crate) dev: Device,
@@ -184,14 +187,32 @@ impl CompletionQueue {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Wait up to `timeout` for one completion, sleeping while none comes
-    /// (the engine thread takes in packets meanwhile).
+    /// Wait up to `timeout` for one completion, sleeping while none comes.
+    /// The thread sleeps on the device's socket as well, and takes in what
+    /// arrives itself, as a wait on a completion channel does (one wake-up
+    /// per completion, see [`CompletionChannel`]); signals do not end the
+    /// wait.
     pub fn wait(&self, timeout: Duration) -> Result<Completion> {
         if let Some(c) = self.try_next() {
             return Ok(c);
         }
         let deadline = std::time::Instant::now() + timeout;
-        self.dev.engine.expect_sleeper();
-        self.delivered.wait_until(deadline).ok_or(Error::Timeout)
+        let listening = self.delivered.listen()?;
+        let delivered = &self.delivered;
+        loop {
+            if let Some(c) = delivered.pop() {
+                return Ok(c);
+            }
+            let woken = self.dev.engine.drive(
+                listening.fd(),
+                Some(deadline),
+                &self.busy_poll,
+                &mut || delivered.len() > 0,
+            )?;
+            listening.clear();
+            if woken == Woken::TimedOut {
+                return delivered.pop().ok_or(Error::Timeout);
+            }
+        }
     }
 }

@@ -8,23 +8,55 @@
 //! few dozen completions, forever.)
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use rnic_core::wr::Completion;
+use rustix::event::{eventfd, EventfdFlags};
 
-/// The completions waiting for the program's poll, and a way to sleep until
-/// one arrives.
+/// The completions waiting for the program's poll, and a descriptor to
+/// sleep on until one arrives (a thread that waits drives the engine, see
+/// `engine::drive`, and sleeps on the socket too).
 #[derive(Debug, Default)]
 pub(crate) struct Delivered {
     queue: Mutex<VecDeque<Completion>>,
-    arrived: Condvar,
+    /// Threads asleep on `bell`.
+    ringing: AtomicUsize,
+    /// Readable once a completion arrived for a thread asleep on it (made
+    /// at the first such wait).
+    bell: OnceLock<OwnedFd>,
+}
+
+/// A thread asleep on [`Delivered::bell`], until dropped.
+pub(crate) struct Listening<'a> {
+    delivered: &'a Delivered,
+    bell: BorrowedFd<'a>,
+}
+
+impl Listening<'_> {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.bell
+    }
+
+    /// Make the descriptor unreadable again, before looking at the queue.
+    pub fn clear(&self) {
+        let mut counter = [0u8; 8];
+        let _ = rustix::io::read(self.bell, &mut counter);
+    }
+}
+
+impl Drop for Listening<'_> {
+    fn drop(&mut self) {
+        self.delivered.ringing.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Delivered {
     /// Hand over completions: `deliver` gets how many are waiting unpolled
-    /// and a place to put more, and returns how many it put there. Sleepers
-    /// in [`Delivered::wait_until`] are woken if any arrived.
+    /// and a place to put more, and returns how many it put there. Threads
+    /// asleep on the bell ([`Delivered::listen`]) are woken if any arrived.
     pub(crate) fn deliver<R>(
         &self,
         deliver: impl FnOnce(usize, &mut dyn FnMut(Completion)) -> R,
@@ -33,9 +65,32 @@ impl Delivered {
         let before = q.len();
         let r = deliver(before, &mut |c| q.push_back(c));
         if q.len() > before {
-            self.arrived.notify_all();
+            drop(q);
+            // After the push: a listener that said so before it looked at
+            // the queue either saw the completion or is rung.
+            if self.ringing.load(Ordering::SeqCst) > 0 {
+                if let Some(b) = self.bell.get() {
+                    let _ = rustix::io::write(b, &1u64.to_ne_bytes());
+                }
+            }
         }
         r
+    }
+
+    /// Sleep on a descriptor that becomes readable when a completion
+    /// arrives, until the returned guard is dropped; look at the queue
+    /// after this, not before.
+    pub(crate) fn listen(&self) -> std::io::Result<Listening<'_>> {
+        if self.bell.get().is_none() {
+            let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+            let _ = self.bell.set(fd);
+        }
+        let bell = self.bell.get().expect("set above").as_fd();
+        self.ringing.fetch_add(1, Ordering::SeqCst);
+        Ok(Listening {
+            delivered: self,
+            bell,
+        })
     }
 
     /// The oldest waiting completion.
@@ -60,19 +115,6 @@ impl Delivered {
         out.extend(q.drain(..n));
         n
     }
-
-    /// The oldest waiting completion, sleeping until `deadline` for one.
-    pub(crate) fn wait_until(&self, deadline: Instant) -> Option<Completion> {
-        let mut q = self.queue.lock();
-        loop {
-            if let Some(c) = q.pop_front() {
-                return Some(c);
-            }
-            if self.arrived.wait_until(&mut q, deadline).timed_out() {
-                return q.pop_front();
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -80,7 +122,6 @@ mod tests {
     use super::*;
     use rnic_core::wr::{WcOpcode, WcStatus};
     use std::sync::Arc;
-    use std::time::Duration;
 
     fn completion(wr_id: u64) -> Completion {
         Completion {
@@ -115,25 +156,37 @@ mod tests {
         assert_eq!(d.pop(), None);
     }
 
+    /// The bell rings for a delivery while a thread listens, and stays
+    /// quiet once nobody does (the engine thread pays no system call for
+    /// a queue nobody sleeps on).
     #[test]
-    fn a_sleeper_wakes_for_a_delivery_and_times_out_without_one() {
-        let d = Arc::new(Delivered::default());
-        let start = Instant::now();
-        assert_eq!(d.wait_until(start + Duration::from_millis(20)), None);
-        assert!(start.elapsed() >= Duration::from_millis(20));
-        // Woken by the delivery, not by its deadline: the deadline is far.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let sleeper = {
-            let d = d.clone();
-            std::thread::spawn(move || (d.wait_until(deadline), Instant::now()))
+    fn the_bell_rings_for_a_delivery_while_someone_listens() {
+        let readable = |fd: BorrowedFd<'_>| {
+            let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+                fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let zero = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            rustix::event::poll(&mut fds, Some(&zero)).unwrap() == 1
         };
-        std::thread::sleep(Duration::from_millis(20));
-        d.deliver(|_, put| put(completion(7)));
-        let (got, woke) = sleeper.join().unwrap();
-        assert_eq!(got.map(|c| c.wr_id), Some(7));
-        assert!(
-            woke + Duration::from_secs(10) < deadline,
-            "slept to the deadline"
-        );
+        let d = Arc::new(Delivered::default());
+        let l = d.listen().unwrap();
+        assert!(!readable(l.fd()));
+        let other = {
+            let d = d.clone();
+            std::thread::spawn(move || d.deliver(|_, put| put(completion(7))))
+        };
+        other.join().unwrap();
+        assert!(readable(l.fd()), "rung");
+        l.clear();
+        assert!(!readable(l.fd()));
+        assert_eq!(d.pop().map(|c| c.wr_id), Some(7));
+        let fd = l.fd().try_clone_to_owned().unwrap();
+        drop(l);
+        d.deliver(|_, put| put(completion(8)));
+        assert!(!readable(fd.as_fd()), "nobody listens: not rung");
     }
 }

@@ -180,12 +180,30 @@ impl BusyPoll {
 
 /// The driving thread leaves: the engine thread looks after the socket
 /// again once no thread polls (see `watch`).
+///
+/// What its last batch left for the next poll (the ACK of the SEND it
+/// waited for, say) leaves now: a thread that polls comes back for it
+/// within microseconds, one that waited may not come back for a long
+/// time, and the engine thread, away while threads are about, sends it
+/// only when it next looks. ACKs held for the program's answer keep
+/// waiting for it (see `hold`), and so does what is left to build
+/// beyond a pump.
 struct Leaving<'a>(&'a Engine);
 
 impl Drop for Leaving<'_> {
     fn drop(&mut self) {
         let sh = &*self.0.shared;
-        sh.active();
+        let now = sh.active();
+        {
+            let mut st = sh.state.lock();
+            if st.hold.due().is_some_and(|t| t.0 <= now) || st.nic.more_to_build() {
+                st.pump(&sh.socket);
+                let next = st.timer_deadline();
+                sh.publish(&st);
+                drop(st);
+                sh.wake_for(next);
+            }
+        }
         sh.drivers.fetch_sub(1, Ordering::SeqCst);
     }
 }

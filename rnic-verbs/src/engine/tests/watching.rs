@@ -6,9 +6,11 @@
 use super::*;
 
 // The engine thread would come back on its own only after a minute: a
-// sleeper is served because it said it would sleep.
+// thread that waits on a queue takes the SEND in itself (see `drive`),
+// and the SEND's ACK, which its batch left for the next poll, leaves
+// when the wait ends (b's request would time out otherwise).
 #[test]
-fn a_thread_that_waits_on_a_queue_brings_the_engine_back() {
+fn a_thread_that_waits_on_a_queue_is_served_while_the_engine_stays_away() {
     let p = pair();
     p.a.engine.set_away_max(60_000_000_000);
     p.until_away();
