@@ -209,18 +209,23 @@ where
     t
 }
 
+/// A handler that counts, for the tests here and the engine's.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod counting {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    static RAN: AtomicUsize = AtomicUsize::new(0);
+    /// How often each signal's handler ran.
+    static RAN: [AtomicUsize; 65] = [const { AtomicUsize::new(0) }; 65];
 
-    extern "C" fn handler(_: i32) {
-        RAN.fetch_add(1, Ordering::SeqCst);
+    extern "C" fn handler(sig: i32) {
+        if let Some(n) = usize::try_from(sig).ok().and_then(|s| RAN.get(s)) {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
-    fn install(sig: i32, flags: i32) {
+    /// Install the counting handler for `sig`, with `flags`.
+    pub fn install(sig: i32, flags: i32) {
+        // SAFETY: a zeroed sigaction is valid.
         let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
         act.sa_sigaction = handler as *const () as usize;
         act.sa_flags = flags;
@@ -230,6 +235,17 @@ mod tests {
             0
         );
     }
+
+    /// How often `sig`'s handler has run.
+    pub fn ran(sig: i32) -> usize {
+        RAN[usize::try_from(sig).expect("a signal number")].load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::counting::{install, ran};
+    use super::*;
 
     /// A signal sent while the thread blocks all waits, is seen pending,
     /// runs its handler when let in, and interrupts exactly when the
@@ -243,13 +259,13 @@ mod tests {
             for (sig, interrupts) in [(restart, false), (plain, true)] {
                 let b = Blocked::all().unwrap();
                 assert!(!b.pending_any());
-                let before = RAN.load(Ordering::SeqCst);
+                let before = ran(sig);
                 // SAFETY: sends a signal to this thread.
                 unsafe { libc::pthread_kill(libc::pthread_self(), sig) };
-                assert_eq!(RAN.load(Ordering::SeqCst), before, "blocked");
+                assert_eq!(ran(sig), before, "blocked");
                 assert!(b.pending_any());
                 assert_eq!(b.let_in().unwrap(), interrupts, "signal {sig}");
-                assert_eq!(RAN.load(Ordering::SeqCst), before + 1, "handled");
+                assert_eq!(ran(sig), before + 1, "handled");
             }
         })
         .join()
@@ -274,9 +290,9 @@ mod tests {
                 let b = Blocked::all().unwrap();
                 // SAFETY: this thread's own handle.
                 tx.send(unsafe { libc::pthread_self() } as usize).unwrap();
-                let before = RAN.load(Ordering::SeqCst);
+                let before = ran(sig);
                 let r = b.sleep(&mut [], Some(Duration::from_secs(10))).unwrap();
-                (r, RAN.load(Ordering::SeqCst) - before)
+                (r, ran(sig) - before)
             });
             let tid = rx.recv().unwrap();
             std::thread::sleep(Duration::from_millis(50));

@@ -204,23 +204,10 @@ pub(super) fn run(sh: &Shared, realtime: bool, window: u64) {
             Some(r) if !leave_responses || sh.sleeper.load(Ordering::SeqCst) => Some(r),
             _ => None,
         };
-        let mut fds = [sh.rx(); 5].map(|rx| PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN));
-        fds[1] = PollFd::new(&sh.wake, PollFlags::IN);
-        let mut watched = 2;
-        for rx in responses.into_iter().chain(sh.side_rx()) {
-            fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
-            watched += 1;
-        }
-        // Another NIC of the address or interface connecting (see `relay`).
-        let joining = sh.listener.as_ref().map(|l| {
-            fds[watched] = PollFd::new(l, PollFlags::IN);
-            watched += 1;
-            watched - 1
-        });
-        sleep(sh, &mut fds[..watched], timeout);
-        if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
-            sh.state.lock().relay.accept();
-        }
+        let watched = std::iter::once(sh.rx())
+            .chain(responses)
+            .chain(sh.side_rx());
+        sleep_watching(sh, watched, timeout);
         sh.responses_left.store(false, Ordering::SeqCst);
     }
 }
@@ -274,22 +261,8 @@ fn leave_to_pollers(sh: &Shared, watch: &mut Watch, away_for: u64) {
         watch.sleeping(true, now);
         sh.away_sleeps.fetch_add(1, Ordering::Relaxed);
         // Woken too for what only this thread takes in (taken in at the
-        // next look), and for another NIC joining.
-        let mut fds = [(); 4].map(|()| PollFd::new(&sh.wake, PollFlags::IN));
-        let mut watched = 1;
-        for rx in sh.side_rx() {
-            fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
-            watched += 1;
-        }
-        let joining = sh.listener.as_ref().map(|l| {
-            fds[watched] = PollFd::new(l, PollFlags::IN);
-            watched += 1;
-            watched - 1
-        });
-        sleep(sh, &mut fds[..watched], timeout);
-        if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
-            sh.state.lock().relay.accept();
-        }
+        // next look).
+        sleep_watching(sh, sh.side_rx(), timeout);
     }
     sh.away.store(false, Ordering::SeqCst);
     sh.sleeping_until.store(u64::MAX, Ordering::SeqCst);
@@ -338,6 +311,29 @@ fn readable(fd: BorrowedFd<'_>) -> bool {
         tv_nsec: 0,
     };
     matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+}
+
+/// Sleep until a wake-up, a packet on one of `rxs`, another NIC of the
+/// address or interface connecting (accepted then, see `relay`), or
+/// `timeout`.
+fn sleep_watching<'a>(sh: &'a Shared, rxs: impl Iterator<Item = Rx<'a>>, timeout: Duration) {
+    // The socket, the response socket, two side inlets, the wake-up, the
+    // listener.
+    let mut fds = [(); 6].map(|()| PollFd::new(&sh.wake, PollFlags::IN));
+    let mut watched = 1;
+    for rx in rxs.take(fds.len() - 2) {
+        fds[watched] = PollFd::from_borrowed_fd(rx.fd(), PollFlags::IN);
+        watched += 1;
+    }
+    let joining = sh.listener.as_ref().map(|l| {
+        fds[watched] = PollFd::new(l, PollFlags::IN);
+        watched += 1;
+        watched - 1
+    });
+    sleep(sh, &mut fds[..watched], timeout);
+    if joining.is_some_and(|k| fds[k].revents().contains(PollFlags::IN)) {
+        sh.state.lock().relay.accept();
+    }
 }
 
 /// poll(2) on `fds` for up to `timeout`, then take any wake-up.

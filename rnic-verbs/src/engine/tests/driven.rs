@@ -2,11 +2,12 @@
 //! (`drive`), and a signal ends its wait as it would end `read(2)`.
 
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use super::pair;
+use crate::signals::counting::{install, ran};
 use crate::*;
 
 /// SENDs from b, `gap` apart, `n` of them, each taken on a by a thread
@@ -68,26 +69,6 @@ fn a_non_blocking_channel_is_not_waited_on() {
     assert!(!p.chan.driven.load(Ordering::Relaxed));
 }
 
-static HANDLED: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn handler(_: i32) {
-    HANDLED.fetch_add(1, Ordering::SeqCst);
-}
-
-/// Install `handler` for `sig`, with `flags`.
-#[allow(unsafe_code)]
-fn install(sig: i32, flags: i32) {
-    // SAFETY: a zeroed sigaction is valid; the handler is a plain counter.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = handler as *const () as usize;
-    act.sa_flags = flags;
-    // SAFETY: installs a valid handler for a signal only this test uses.
-    assert_eq!(
-        unsafe { libc::sigaction(sig, &act, std::ptr::null_mut()) },
-        0
-    );
-}
-
 /// A signal sent to a thread waiting in `read_cq_event`: with a handler
 /// installed without SA_RESTART the wait ends with EINTR (qperf ends its
 /// tests so, with alarm), with SA_RESTART it goes on to the event; the
@@ -99,7 +80,7 @@ fn a_signal_ends_a_driven_wait_exactly_when_it_would_end_read() {
     for restart in [false, true] {
         install(sig, if restart { libc::SA_RESTART } else { 0 });
         let p = pair();
-        let handled = HANDLED.load(Ordering::SeqCst);
+        let handled = ran(sig);
         let (tid_tx, tid_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let waiting = AtomicBool::new(false);
@@ -153,10 +134,6 @@ fn a_signal_ends_a_driven_wait_exactly_when_it_would_end_read() {
                 assert_eq!(early, Ok(Err(Some(libc::EINTR))), "no SA_RESTART: EINTR");
             }
         });
-        assert_eq!(
-            HANDLED.load(Ordering::SeqCst),
-            handled + 1,
-            "restart {restart}"
-        );
+        assert_eq!(ran(sig), handled + 1, "restart {restart}");
     }
 }
