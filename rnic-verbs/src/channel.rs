@@ -175,37 +175,28 @@ impl<T> Waiting<T> {
         }
     }
 
-    /// [`Waiting::read`] on a blocking descriptor, with the calling thread
-    /// driving `engine` as it waits (see `engine::drive`).
-    fn read_driven(&self, engine: &Engine, busy_poll: &BusyPoll) -> Result<T> {
+    /// The next event, with the calling thread driving `engine` as it
+    /// waits (see `engine::drive`), on a blocking descriptor. Without a
+    /// deadline it is [`Waiting::read`]: a signal ends it as it would end
+    /// `read(2)`. With one it is [`Waiting::next`]: signals do not end it.
+    fn next_driven(
+        &self,
+        engine: &Engine,
+        deadline: Option<Instant>,
+        busy_poll: &BusyPoll,
+    ) -> Result<T> {
         loop {
             if let Some(e) = self.take() {
                 return Ok(e);
             }
             let events = &self.events;
-            match engine.drive(self.bell.fd.as_fd(), None, busy_poll, &mut || {
-                !events.is_empty()
-            })? {
-                Woken::Ready | Woken::TimedOut => {}
-                Woken::Interrupted => {
+            let ready = &mut || !events.is_empty();
+            match engine.drive(self.bell.fd.as_fd(), deadline, busy_poll, ready)? {
+                Woken::Ready => {}
+                Woken::Interrupted if deadline.is_none() => {
                     return Err(Error::Io(io::Error::from_raw_os_error(libc::EINTR)));
                 }
-            }
-        }
-    }
-
-    /// [`Waiting::next`] until `deadline`, with the calling thread driving
-    /// `engine` as it waits; signals do not end it.
-    fn next_driven(&self, engine: &Engine, deadline: Instant, busy_poll: &BusyPoll) -> Result<T> {
-        loop {
-            if let Some(e) = self.take() {
-                return Ok(e);
-            }
-            let events = &self.events;
-            match engine.drive(self.bell.fd.as_fd(), Some(deadline), busy_poll, &mut || {
-                !events.is_empty()
-            })? {
-                Woken::Ready | Woken::Interrupted => {}
+                Woken::Interrupted => {}
                 Woken::TimedOut => return self.take().ok_or(Error::Timeout),
             }
         }
@@ -303,7 +294,7 @@ impl CompletionChannel {
             let deadline = Instant::now() + timeout;
             return self
                 .waiting
-                .next_driven(&engine, deadline, &self.busy_poll)
+                .next_driven(&engine, Some(deadline), &self.busy_poll)
                 .map(|cq| cq.0);
         }
         self.driven.store(false, Ordering::Relaxed);
@@ -320,7 +311,7 @@ impl CompletionChannel {
             self.driven.store(true, Ordering::Relaxed);
             return self
                 .waiting
-                .read_driven(&engine, &self.busy_poll)
+                .next_driven(&engine, None, &self.busy_poll)
                 .map(|cq| cq.0);
         }
         self.driven.store(false, Ordering::Relaxed);

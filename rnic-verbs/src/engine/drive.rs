@@ -60,9 +60,14 @@ impl Engine {
         let mut blocked = Blocked::all()?;
         sh.drivers.fetch_add(1, Ordering::SeqCst);
         let _leaving = Leaving(self);
+        // Whether to look at the side inlets: at first, then only when the
+        // sleep said one of them is readable (a look is a system call).
+        let mut aside = true;
         loop {
             self.progress();
-            take_in_side(sh);
+            if std::mem::take(&mut aside) {
+                take_in_side(sh);
+            }
             if ready() {
                 busy_poll.ended(started.elapsed(), window, slept);
                 return Ok(Woken::Ready);
@@ -101,6 +106,7 @@ impl Engine {
             let responses = sh
                 .responses_rx()
                 .filter(|_| sh.steering.load(Ordering::Relaxed));
+            let side_from = 2 + usize::from(responses.is_some());
             let watched = std::iter::once(bell)
                 .chain(std::iter::once(sh.rx().fd()))
                 .chain(responses.into_iter().chain(sh.side_rx()).map(|r| r.fd()));
@@ -119,6 +125,9 @@ impl Engine {
             if blocked.sleep(&mut fds[..n], timeout)? {
                 return Ok(Woken::Interrupted);
             }
+            aside = fds[side_from.min(n)..n]
+                .iter()
+                .any(|f| f.revents & libc::POLLIN != 0);
         }
     }
 }
