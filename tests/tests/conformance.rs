@@ -108,3 +108,128 @@ fn the_stream_reads_every_reference_capture_as_the_reader_does() {
         }
     }
 }
+
+/// The hardware NIC's responder grants credits (6 and 8 in its ACKs) and
+/// its requester keeps within them: no `credits` warning. The same
+/// capture with every grant made 0 (the ICRC made right) shows its SENDs
+/// beyond the grant, each warned about; a warning leaves the capture
+/// conformant.
+#[test]
+fn credits_the_hardware_nic_is_granted_it_keeps_to() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/hw-rc-send-imm.pcap");
+    let (found, _) = check(&path);
+    assert!(found.is_empty(), "{found:#?}");
+
+    let data = std::fs::read(&path).unwrap();
+    let mut c = Checker::new();
+    let mut granted = std::collections::BTreeSet::new();
+    for (i, r) in PcapReader::new(&data).unwrap().enumerate() {
+        let r = r.unwrap();
+        let link = LinkType::from_pcap(r.link_type);
+        let mut frame = r.data.to_vec();
+        if let Some(Ok(f)) = link.map(|l| rnic_wire::Frame::parse(l, r.data)) {
+            if let Some(a) = f.ib.aeth() {
+                let syndrome = a.syndrome();
+                if syndrome >> 5 == 0 {
+                    granted.insert(syndrome & 0x1f);
+                    let (ip, at) = (f.ip_offset, f.ib_offset + 12);
+                    frame[at] = 0; // ACK, no credits
+                    let end = frame.len();
+                    rnic_wire::icrc::fill(&mut frame[ip..end]).unwrap();
+                }
+            }
+        }
+        c.frame(i as u64 + 1, r.timestamp_ns, link, &frame);
+    }
+    // Credit codes 5 and 6: 6 and 8 receives (IBTA table 43).
+    assert_eq!(granted.into_iter().collect::<Vec<_>>(), [5, 6]);
+    let (found, _) = c.finish();
+    let rules: std::collections::BTreeSet<Rule> = found.iter().map(|f| f.rule).collect();
+    assert_eq!(
+        rules.into_iter().collect::<Vec<_>>(),
+        [Rule::Credits],
+        "{found:#?}"
+    );
+    assert!(found.len() >= 5, "{found:#?}");
+    assert!(found.iter().all(|f| !f.rule.is_violation()));
+}
+
+/// The frames of a capture, each editable.
+fn frames(name: &str) -> Vec<(u64, Option<LinkType>, Vec<u8>)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("captures")
+        .join(name);
+    let data = std::fs::read(path).unwrap();
+    PcapReader::new(&data)
+        .unwrap()
+        .map(|r| {
+            let r = r.unwrap();
+            (
+                r.timestamp_ns,
+                LinkType::from_pcap(r.link_type),
+                r.data.to_vec(),
+            )
+        })
+        .collect()
+}
+
+fn check_frames(frames: &[(u64, Option<LinkType>, Vec<u8>)]) -> Vec<Finding> {
+    let mut c = Checker::new();
+    for (i, (t, link, data)) in frames.iter().enumerate() {
+        c.frame(i as u64 + 1, *t, *link, data);
+    }
+    c.finish().0
+}
+
+/// Change an IPv4 RoCE frame's payload length by `delta` bytes (added as
+/// zeros, or taken off, before the ICRC), or its bytes `at` (from the BTH
+/// on), with the IPv4 and UDP lengths and the ICRC made right.
+fn edit(frame: &mut Vec<u8>, link: LinkType, delta: isize, at: usize, bytes: &[u8]) {
+    let f = rnic_wire::Frame::parse(link, frame).unwrap();
+    let (ip, ib) = (f.ip_offset, f.ib_offset);
+    assert_eq!(frame[ip] >> 4, 4, "an IPv4 frame");
+    let end = frame.len() - 4;
+    if delta >= 0 {
+        frame.splice(end..end, std::iter::repeat_n(0, delta as usize));
+    } else {
+        frame.drain(end - delta.unsigned_abs()..end);
+    }
+    for off in [ip + 2, ip + 20 + 4] {
+        let v = u16::from_be_bytes([frame[off], frame[off + 1]]) as isize + delta;
+        frame[off..off + 2].copy_from_slice(&(v as u16).to_be_bytes());
+    }
+    frame[ib + at..ib + at + bytes.len()].copy_from_slice(bytes);
+    let end = frame.len();
+    rnic_wire::icrc::fill(&mut frame[ip..end]).unwrap();
+}
+
+/// UC streams are judged as RC's requests are, but for what needs the
+/// responder: a FIRST cut short and a FIRST where a LAST belongs, in
+/// rdma_rxe's UC ping-pong, are each flagged.
+#[test]
+fn uc_requests_are_judged_for_their_payload_and_opcode_sequence() {
+    let base = frames("rxe-uc_pingpong.pcap");
+    assert!(check_frames(&base).is_empty());
+    let first_of_a = 0; // UC_SEND_FIRST, 1024 bytes
+    let last_of_a = 1; // UC_SEND_LAST
+
+    let mut cut = base.clone();
+    let link = cut[first_of_a].1.unwrap();
+    edit(&mut cut[first_of_a].2, link, -4, 0, &[]);
+    let found = check_frames(&cut);
+    assert!(
+        found.len() == 1 && found[0].rule == Rule::Payload && found[0].packets == [1],
+        "{found:#?}"
+    );
+
+    let mut twice = base.clone();
+    let link = twice[last_of_a].1.unwrap();
+    let uc_send_first = 0x20;
+    edit(&mut twice[last_of_a].2, link, 0, 0, &[uc_send_first]);
+    let found = check_frames(&twice);
+    assert!(
+        found.iter().all(|f| f.rule == Rule::OpcodeSequence)
+            && found.iter().any(|f| f.packets == [2]),
+        "{found:#?}"
+    );
+}

@@ -5,7 +5,7 @@
 use std::io::{self, Read, Write};
 use std::time::Instant;
 
-use rnic_core::check::{Checker, Finding, Rule};
+use rnic_core::check::{Checker, Finding, Kind, Rule};
 use rnic_wire::pcap::PcapStream;
 use rnic_wire::LinkType;
 
@@ -68,13 +68,18 @@ pub fn check(input: impl Read, name: &str, out: &mut impl Write) -> io::Result<V
         stats.uc,
         stats.ud
     )?;
-    let (violations, notes): (Vec<&Finding>, Vec<&Finding>) =
-        findings.iter().partition(|f| f.rule.is_violation());
-    for f in &violations {
-        writeln!(out, "  violation: {f}")?;
-    }
-    for f in &notes {
-        writeln!(out, "  note: {f}")?;
+    let of = |kind: Kind| -> Vec<&Finding> {
+        findings.iter().filter(|f| f.rule.kind() == kind).collect()
+    };
+    let violations = of(Kind::Violation);
+    for (kind, label) in [
+        (Kind::Violation, "violation"),
+        (Kind::Warning, "warning"),
+        (Kind::Note, "note"),
+    ] {
+        for f in of(kind) {
+            writeln!(out, "  {label}: {f}")?;
+        }
     }
     let mut per_rule: Vec<(Rule, usize)> = Rule::ALL
         .iter()

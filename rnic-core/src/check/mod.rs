@@ -27,7 +27,7 @@ mod tests;
 
 use core::fmt;
 use core::net::IpAddr;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use rnic_wire::aeth::{NakCode, Syndrome};
 use rnic_wire::{Frame, IbPacket, LinkType, Operation, Position, Psn, Transport};
@@ -73,6 +73,10 @@ pub enum Rule {
     Payload,
     /// A NAK that does not fit the request it answers.
     NakCode,
+    /// A message that takes a receive, begun beyond the credits the
+    /// responder granted (a warning: rdma_rxe's requester ignores credits,
+    /// and its responder always grants without limit).
+    Credits,
     /// Packets the capture missed, which the responder's answer proves
     /// were sent.
     CaptureLoss,
@@ -97,6 +101,7 @@ impl Rule {
             Rule::OpcodeSequence => "opcode-sequence",
             Rule::Payload => "payload",
             Rule::NakCode => "nak-code",
+            Rule::Credits => "credits",
             Rule::CaptureLoss => "capture-loss",
             Rule::Reordered => "reordered",
         }
@@ -128,6 +133,9 @@ impl Rule {
                 "FIRST and MIDDLE packets carry exactly the path MTU (no pad), no packet more"
             }
             Rule::NakCode => "an RNR NAK answers only a request that takes a receive",
+            Rule::Credits => {
+                "a requester begins a message that takes a receive only within the credits the responder's ACKs grant, or one beyond them to learn a new count"
+            }
             Rule::CaptureLoss => "not a NIC's fault: the capture missed packets the peer answered",
             Rule::Reordered => {
                 "not judged: the network reordered this connection's packets before the capture point"
@@ -147,17 +155,27 @@ impl Rule {
             Rule::OpcodeSequence => "9.2.3",
             Rule::Payload => "9.2.4",
             Rule::NakCode => "9.7.5.2.8",
+            Rule::Credits => "9.7.7.2",
             Rule::CaptureLoss | Rule::Reordered => "-",
         }
     }
 
-    /// Whether it is a NIC's fault (else a note about the capture).
+    /// How much it weighs.
+    pub const fn kind(self) -> Kind {
+        match self {
+            Rule::CaptureLoss | Rule::Reordered => Kind::Note,
+            Rule::Credits => Kind::Warning,
+            _ => Kind::Violation,
+        }
+    }
+
+    /// Whether it is a NIC's fault (a capture with one is not conformant).
     pub const fn is_violation(self) -> bool {
-        !matches!(self, Rule::CaptureLoss | Rule::Reordered)
+        matches!(self.kind(), Kind::Violation)
     }
 
     /// Every rule.
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 14] = [
         Rule::Icrc,
         Rule::PsnSkip,
         Rule::AckUnsent,
@@ -169,9 +187,23 @@ impl Rule {
         Rule::OpcodeSequence,
         Rule::Payload,
         Rule::NakCode,
+        Rule::Credits,
         Rule::CaptureLoss,
         Rule::Reordered,
     ];
+}
+
+/// How much a finding weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A NIC broke a rule: the capture is not conformant.
+    Violation,
+    /// A NIC did what the IBTA says it shall not, where common NICs do it
+    /// too and nothing breaks (a requester that ignores credits): reported,
+    /// the capture still conformant.
+    Warning,
+    /// Not a NIC's fault: about the capture or the network.
+    Note,
 }
 
 /// One thing found: the packets (numbered from 1, as Wireshark does), the
@@ -196,10 +228,11 @@ impl fmt::Display for Finding {
             self.rule.id(),
             self.what
         )?;
-        if self.rule.is_violation() {
-            write!(f, "(IBTA {}: {})", self.rule.section(), self.rule.says())
-        } else {
-            write!(f, "({})", self.rule.says())
+        match self.rule.kind() {
+            Kind::Violation | Kind::Warning => {
+                write!(f, "(IBTA {}: {})", self.rule.section(), self.rule.says())
+            }
+            Kind::Note => write!(f, "({})", self.rule.says()),
         }
     }
 }
@@ -323,6 +356,16 @@ struct Conn {
     last_t: u64,
     reads: BTreeMap<u32, ReadState>,
     atomics: HashMap<u32, (u64, u64)>,
+    /// The messages that take a receive, as the requester began them: the
+    /// PSN of each not yet acknowledged, with its number (from 1, in the
+    /// capture), and how many have begun.
+    receiving: VecDeque<(Psn, u64)>,
+    receiving_begun: u64,
+    /// The highest number such a message may have by the credits the
+    /// responder granted, and the response that granted it; `None` until
+    /// a count is seen, or for good once a responder grants without limit.
+    credit_limit: Option<(u64, u64)>,
+    unlimited_credits: bool,
     /// The last request (hash, time) since the last response, and the
     /// last response since the last request, to recognise network copies:
     /// a requester resends only after a response (a NAK) or a timeout, a
@@ -506,6 +549,7 @@ impl Checker {
                 // Inside a message begun before the capture.
                 Position::Middle => None,
             };
+            credits(conn, n, psn, info.position, info.name, request, &mut found);
             note_request(conn, psn, request);
             self.report(found);
             return;
@@ -566,6 +610,7 @@ impl Checker {
                     // After a gap, inside a message: known again at its end.
                     None
                 };
+            credits(conn, n, psn, info.position, info.name, request, &mut found);
             conn.next = Some(psn.add(span.unwrap_or(1)));
             conn.next_unknown = span.is_none();
             conn.last_new = psn;
@@ -747,6 +792,9 @@ impl Checker {
                 )));
             }
         }
+        if let Some(Syndrome::Ack { credits }) = syndrome {
+            grant(conn, psn, credits, n);
+        }
         // RNR NAKs answer only what takes a receive.
         if let Some(Syndrome::RnrNak { .. }) = syndrome {
             if let Some(r) = conn.requests.get(&psn.value()) {
@@ -912,6 +960,77 @@ fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
         (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
     })
+}
+
+/// A new request: if it begins a message that takes a receive, count it,
+/// and judge it against the credits granted (as rnic's requester and
+/// rdmavt's follow them: the one message beyond the limit asks for a new
+/// count). With nothing outstanding the last grant covers every message
+/// done, so the one beyond it may always go.
+fn credits(
+    conn: &mut Conn,
+    n: u64,
+    psn: Psn,
+    position: Position,
+    name: &str,
+    r: Request,
+    found: &mut Vec<(Vec<u64>, Rule, String)>,
+) {
+    let begins = matches!(position, Position::First | Position::Only);
+    // A WRITE with immediate data shows it only at its end: counted there.
+    let counted = r.takes_receive && (begins || r.op == Operation::RdmaWrite);
+    if !counted {
+        return;
+    }
+    conn.receiving_begun += 1;
+    let k = conn.receiving_begun;
+    conn.receiving.push_back((psn, k));
+    if conn.receiving.len() > KEPT_REQUESTS {
+        conn.receiving.pop_front();
+    }
+    if let (true, Some((limit, at))) = (begins, conn.credit_limit) {
+        if k > limit + 1 {
+            found.push((
+                vec![at, n],
+                Rule::Credits,
+                format!(
+                    "a {name} begins receive-taking message {k} of the capture; the last grant allowed through {limit} (and {} to ask for a new count)",
+                    limit + 1
+                ),
+            ));
+        }
+    }
+}
+
+/// A response's AETH grants `code` credits beyond the messages through
+/// `psn`.
+fn grant(conn: &mut Conn, psn: Psn, code: u8, n: u64) {
+    if conn.unlimited_credits {
+        return;
+    }
+    let Some(credits) = rnic_wire::aeth::decode_credits(code) else {
+        conn.unlimited_credits = true;
+        conn.credit_limit = None;
+        return;
+    };
+    // The messages through `psn` are done; how many took a receive.
+    let mut done = None;
+    while let Some(&(p, k)) = conn.receiving.front() {
+        if p.is_after(psn) {
+            break;
+        }
+        done = Some(k);
+        conn.receiving.pop_front();
+    }
+    let done = done.unwrap_or_else(|| {
+        conn.receiving
+            .front()
+            .map_or(conn.receiving_begun, |&(_, k)| k - 1)
+    });
+    let limit = done + u64::from(credits);
+    if conn.credit_limit.is_none_or(|(l, _)| limit > l) {
+        conn.credit_limit = Some((limit, n));
+    }
 }
 
 fn note_request(conn: &mut Conn, psn: Psn, r: Request) {
