@@ -233,3 +233,62 @@ fn uc_requests_are_judged_for_their_payload_and_opcode_sequence() {
         "{found:#?}"
     );
 }
+
+/// Two runs between the same two addresses whose QPs drew the same
+/// numbers (rdma_rxe's ping-pong, then its 256-byte-MTU WRITE stream, both
+/// to QP 0x11), in one capture: two connections on each QP number, each
+/// conformant, not one whose PSNs jump. As drawn, the second's first PSN
+/// lies far from the first's; moved to 5,000 PSNs after where the first
+/// left off, it still begins anew, the first connection being idle.
+#[test]
+fn a_qp_number_used_again_is_a_new_connection() {
+    let first = frames("rxe-rc_pingpong.pcap");
+    let second = frames("rxe-write_bw_mtu256.pcap");
+    let a = |data: &[u8], link| {
+        let f = rnic_wire::Frame::parse(link, data).unwrap();
+        (f.ip.src_addr().to_string() == "10.77.0.1" && f.ib.info().is_request())
+            .then(|| f.ib.bth().psn())
+    };
+    let next = first
+        .iter()
+        .filter_map(|(_, link, data)| a(data, link.unwrap()))
+        .next_back()
+        .unwrap()
+        .next();
+    let begins = second
+        .iter()
+        .find_map(|(_, link, data)| a(data, link.unwrap()))
+        .unwrap();
+    let alone = |name| {
+        check(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("captures")
+                .join(name),
+        )
+        .1
+        .rc
+    };
+    let rc = alone("rxe-rc_pingpong.pcap") + alone("rxe-write_bw_mtu256.pcap");
+    // Frame 45 acknowledges the first's last SEND from 10.77.0.1.
+    let mut unacknowledged = first.clone();
+    unacknowledged.remove(44);
+    let near = next.add(5000).value().wrapping_sub(begins.value()) & 0xff_ffff;
+    for (first, shift) in [(&first, 0), (&unacknowledged, 0), (&first, near)] {
+        let mut both = first.clone();
+        let end = both.last().unwrap().0;
+        let start = second[0].0;
+        for (t, link, mut data) in second.clone() {
+            let f = rnic_wire::Frame::parse(link.unwrap(), &data).unwrap();
+            let psn = (f.ib.bth().psn().value() + shift) & 0xff_ffff;
+            edit(&mut data, link.unwrap(), 0, 9, &psn.to_be_bytes()[1..]);
+            both.push((t - start + end + 1_000_000_000, link, data));
+        }
+        let mut c = Checker::new();
+        for (i, (t, link, data)) in both.iter().enumerate() {
+            c.frame(i as u64 + 1, *t, *link, data);
+        }
+        let (found, stats) = c.finish();
+        assert!(found.is_empty(), "shift {shift:#x}: {found:#?}");
+        assert_eq!(stats.rc, rc, "shift {shift:#x}");
+    }
+}

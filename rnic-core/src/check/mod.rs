@@ -42,6 +42,19 @@ const MAX_PMTU: usize = 4096;
 /// Requests remembered per connection beyond what was acknowledged.
 const KEPT_REQUESTS: usize = 1 << 16;
 
+/// A message that begins this many PSNs from where its stream stands
+/// (ahead or behind) begins a new connection on the same QP number: no
+/// requester has so many PSNs outstanding, and a capture that missed so
+/// many would be no capture of the connection. Connections draw their
+/// first PSN at random, so a new one lands this close 1 time in 8.
+const NEW_CONNECTION_JUMP: u32 = 1 << 20;
+
+/// The same, where everything the stream sent was acknowledged: nothing is
+/// left that a request so far behind could repeat, and a capture would
+/// have to miss this many requests of an idle connection (a new one
+/// lands this close 1 time in 2,048).
+const NEW_IDLE_CONNECTION_JUMP: u32 = 1 << 12;
+
 /// The rules, each with what it says and where the IBTA says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rule {
@@ -378,6 +391,8 @@ struct Conn {
 #[derive(Debug, Default)]
 pub struct Checker {
     conns: BTreeMap<StreamKey, Conn>,
+    /// Connections a new one on the same QP number replaced.
+    ended: Vec<(StreamKey, Conn)>,
     /// Response streams (responder, requester, requester's QP) and the
     /// request stream each answers, once known.
     bound: HashMap<StreamKey, StreamKey>,
@@ -469,6 +484,11 @@ impl Checker {
         p: &IbPacket<&[u8]>,
     ) {
         let mut found = Vec::new();
+        if self.conns.get(&key).is_some_and(|c| begins_anew(c, p)) {
+            let ended = self.conns.remove(&key).expect("just seen");
+            self.bound.retain(|_, to| *to != key);
+            self.ended.push((key, ended));
+        }
         let conn = self.conns.entry(key).or_default();
         conn.transport.get_or_insert(transport);
         if t < conn.last_t {
@@ -901,7 +921,7 @@ impl Checker {
     /// are skips.
     pub fn finish(mut self) -> (Vec<Finding>, Stats) {
         let mut found = Vec::new();
-        for (k, c) in &self.conns {
+        for (k, c) in self.ended.iter().map(|(k, c)| (k, c)).chain(&self.conns) {
             match c.transport {
                 Some(Transport::Rc) => self.stats.rc += 1,
                 Some(Transport::Uc) => self.stats.uc += 1,
@@ -1031,6 +1051,18 @@ fn grant(conn: &mut Conn, psn: Psn, code: u8, n: u64) {
     if conn.credit_limit.is_none_or(|(l, _)| limit > l) {
         conn.credit_limit = Some((limit, n));
     }
+}
+
+/// Whether request `p` begins a new connection on the stream `c` was:
+/// a message begun far from where `c` stands.
+fn begins_anew(c: &Conn, p: &IbPacket<&[u8]>) -> bool {
+    let Some(next) = c.next else { return false };
+    if !matches!(p.info().position, Position::First | Position::Only) {
+        return false;
+    }
+    let distance = p.bth().psn().diff(next).unsigned_abs();
+    let idle = c.acked.is_some_and(|(a, _)| a.next() == next);
+    distance > NEW_CONNECTION_JUMP || (idle && distance > NEW_IDLE_CONNECTION_JUMP)
 }
 
 fn note_request(conn: &mut Conn, psn: Psn, r: Request) {
