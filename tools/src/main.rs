@@ -166,6 +166,10 @@ enum Command {
         /// Seconds between progress lines.
         #[arg(long, default_value_t = 10.0)]
         report: f64,
+        /// Record every packet both NICs send, as it leaves (after the
+        /// impairment), in this pcap file: `rnic check FILE` judges it.
+        #[arg(long, value_name = "FILE")]
+        pcap: Option<std::path::PathBuf>,
     },
     /// Like ibv_rc_pingpong: with no SERVER, wait for a client; with one,
     /// connect to it. The two exchange endpoints over TCP in ibv_rc_pingpong's
@@ -516,6 +520,7 @@ fn main() -> ExitCode {
             stall,
             seed,
             report,
+            pcap,
         } => {
             let impair = if impair == "none" {
                 None
@@ -543,6 +548,7 @@ fn main() -> ExitCode {
                 stall: std::time::Duration::from_secs(stall.max(1)),
                 seed,
                 report,
+                pcap,
             };
             match soak::run(&o) {
                 Ok(true) => ExitCode::SUCCESS,

@@ -47,6 +47,8 @@ pub struct Options {
     pub seed: u64,
     /// How often to print a line.
     pub report: Duration,
+    /// Where to record every packet both NICs send.
+    pub pcap: Option<std::path::PathBuf>,
 }
 
 /// The impairment `rnic soak` applies when none is given.
@@ -627,6 +629,11 @@ pub fn run(o: &Options) -> std::result::Result<bool, Box<dyn std::error::Error>>
         return Err("messages up to 1 MiB".into());
     }
     let devs = [Device::open_loopback()?, Device::open_loopback()?];
+    if let Some(path) = &o.pcap {
+        for dev in &devs {
+            dev.capture(path)?;
+        }
+    }
     let impair = o.impair.unwrap_or_default();
     for (i, dev) in devs.iter().enumerate() {
         if !impair.is_none() {

@@ -48,3 +48,51 @@ fn rnic_s_impaired_traffic_on_loopback_is_conformant() {
         run("send", "8192", seed);
     }
 }
+
+/// `rnic soak --pcap`: many connections both ways, every operation mixed,
+/// connections remade all the time (their QP numbers drawn again), on
+/// links that lose, copy and reorder: what the two NICs sent is
+/// conformant and draws no warning.
+#[test]
+fn rnic_soak_s_capture_is_conformant() {
+    let pcap = std::env::temp_dir().join(format!("rnic-soak-{}.pcap", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args([
+            "soak",
+            "-D",
+            "2",
+            "-q",
+            "8",
+            "--churn-ms",
+            "50",
+            "--report",
+            "10",
+        ])
+        .args(["--impair", "loss=1%,dup=1%,reorder=2%,seed=7", "--pcap"])
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rnic soak: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let check = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .arg("check")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{report}");
+    assert!(!report.contains("warning:"), "{report}");
+    // More connections than at any one time: the ones remade are told
+    // from the ones they replaced.
+    let rc: usize = report
+        .lines()
+        .next()
+        .and_then(|l| l.split(" RC,").next()?.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(rc > 16, "{rc} RC connections: {report}");
+}

@@ -848,14 +848,21 @@ impl Checker {
                 } else if psn.is_after(last) {
                     let (ended, reads) = messages_between(conn, last, psn);
                     // A re-ACK of a duplicate SEND or WRITE names the last
-                    // such PSN but carries the MSN of now: READs and atomics
-                    // answered since, beyond its PSN, may be counted too
-                    // (rdma_rxe's responder does the same).
-                    let most = match conn.acked {
-                        Some((through, _)) if through.is_after(psn) => {
-                            messages_between(conn, last, through).0
+                    // such PSN but carries the MSN of now (rdma_rxe's
+                    // responder does the same): it may count what was
+                    // answered since, and the READs and atomics right
+                    // after its PSN, done though their answers may not
+                    // have come out yet.
+                    let mut reach = reads_and_atomics_after(conn, psn);
+                    if let Some((through, _)) = conn.acked {
+                        if through.is_after(reach) {
+                            reach = through;
                         }
-                        _ => ended,
+                    }
+                    let most = if reach.is_after(psn) {
+                        messages_between(conn, last, reach).0
+                    } else {
+                        ended
                     };
                     if let Some(ended) = ended {
                         if most.is_some_and(|m| grew > m) || (reads == 0 && grew < ended) {
@@ -1099,6 +1106,40 @@ fn covers(c: &Conn, psn: Psn) -> bool {
 /// The messages that ended at PSNs after `from` through `to` (`None` if
 /// some request there is unknown: a gap in what the capture shows), and
 /// how many of them were READs or atomics.
+/// The last PSN of the READs and atomics sent right after `psn` (up to the
+/// first other request, or the first whose span is unknown): `psn` if none.
+fn reads_and_atomics_after(c: &Conn, psn: Psn) -> Psn {
+    let Some(next) = c.next else { return psn };
+    let mut end = psn;
+    for _ in 0..KEPT_REQUESTS {
+        let at = end.next();
+        if !at.is_before(next) {
+            break;
+        }
+        let Some(r) = c.requests.get(&at.value()) else {
+            break;
+        };
+        let (true, Some(span)) = (answered_apart(r.op), r.span) else {
+            break;
+        };
+        end = at.add(span - 1);
+    }
+    end
+}
+
+/// Whether a request is answered with responses of its own (not by a
+/// plain ACK).
+fn answered_apart(op: Operation) -> bool {
+    matches!(
+        op,
+        Operation::RdmaReadRequest
+            | Operation::FetchAdd
+            | Operation::CompareSwap
+            | Operation::Flush
+            | Operation::AtomicWrite
+    )
+}
+
 fn messages_between(c: &Conn, from: Psn, to: Psn) -> (Option<u32>, u32) {
     let want = to.forward_from(from);
     let mut covered = 0u32;
@@ -1119,14 +1160,7 @@ fn messages_between(c: &Conn, from: Psn, to: Psn) -> (Option<u32>, u32) {
         };
         if r.ends {
             ended += 1;
-            if matches!(
-                r.op,
-                Operation::RdmaReadRequest
-                    | Operation::FetchAdd
-                    | Operation::CompareSwap
-                    | Operation::Flush
-                    | Operation::AtomicWrite
-            ) {
+            if answered_apart(r.op) {
                 reads += 1;
             }
         }

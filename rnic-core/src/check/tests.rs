@@ -419,8 +419,9 @@ fn an_order_dependent_finding_on_a_reordered_connection_is_a_note() {
     assert!(found[0].what.contains("[go-back-n]"));
 }
 
-/// A WRITE is re-ACKed after the atomic behind it was answered: the ACK
-/// names the WRITE's PSN and carries the MSN of now, the atomic counted.
+/// A WRITE is re-ACKed after the atomic behind it was done: the ACK names
+/// the WRITE's PSN and carries the MSN of now, the atomic counted, whether
+/// its answer came before the re-ACK or not.
 /// That is what rnic and rdma_rxe send, and no MSN miscount; one more
 /// than that still is.
 #[test]
@@ -487,6 +488,28 @@ fn a_re_ack_may_count_an_atomic_answered_beyond_its_psn() {
         .unwrap();
     recs.remove(first);
     let found = check(&recs);
+    assert!(found.is_empty(), "{found:#?}");
+
+    // The atomic's first answer missing from the capture (lost before
+    // the capture point): the re-ACK counts an atomic whose answer comes
+    // only after it, the one sent right after the WRITE.
+    let mut unanswered = recs.clone();
+    let answer = unanswered
+        .iter()
+        .position(|r| r.opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE)
+        .unwrap();
+    unanswered.remove(answer);
+    let re = unanswered
+        .iter()
+        .position(|r| ack(r) == Some(re_ack))
+        .unwrap();
+    assert!(
+        !unanswered[..re]
+            .iter()
+            .any(|r| r.opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE),
+        "the atomic's answer comes after the re-ACK"
+    );
+    let found = check(&unanswered);
     assert!(found.is_empty(), "{found:#?}");
 
     // The same re-ACK counting a message nobody sent.
