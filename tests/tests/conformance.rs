@@ -292,3 +292,34 @@ fn a_qp_number_used_again_is_a_new_connection() {
         assert_eq!(stats.rc, rc, "shift {shift:#x}");
     }
 }
+
+/// The requester's QP number used again, for a connection to another QP
+/// of the same peer: rdma_rxe's ping-pong between QPs 0x11, then its
+/// 256-byte-MTU WRITE stream from QP 0x11 to (renumbered) QP 0x12. The
+/// second's responses come to QP 0x11 as the first's did, and must be
+/// taken as answers to the second's requests.
+#[test]
+fn responses_to_a_qp_number_used_again_answer_its_new_connection() {
+    let mut both = frames("rxe-rc_pingpong.pcap");
+    let end = both.last().unwrap().0;
+    let second = frames("rxe-write_bw_mtu256.pcap");
+    let start = second[0].0;
+    let mut renumbered = 0;
+    for (t, link, mut data) in second {
+        let f = rnic_wire::Frame::parse(link.unwrap(), &data).unwrap();
+        if f.ip.src_addr().to_string() == "10.77.0.1" {
+            assert_eq!(f.ib.bth().dest_qp(), 0x11);
+            edit(&mut data, link.unwrap(), 0, 5, &[0, 0, 0x12]);
+            renumbered += 1;
+        }
+        both.push((t - start + end + 1_000_000_000, link, data));
+    }
+    assert!(renumbered > 100);
+    let mut c = Checker::new();
+    for (i, (t, link, data)) in both.iter().enumerate() {
+        c.frame(i as u64 + 1, *t, *link, data);
+    }
+    let (found, stats) = c.finish();
+    assert!(found.is_empty(), "{found:#?}");
+    assert_eq!(stats.unplaced_responses, 0);
+}

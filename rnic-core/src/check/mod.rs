@@ -700,8 +700,14 @@ impl Checker {
     /// only stream between the two addresses, or the one that sent the
     /// response's PSN.
     fn bind(&mut self, key: StreamKey, psn: Psn) -> Option<StreamKey> {
-        if let Some(k) = self.bound.get(&key) {
-            return Some(*k);
+        let old = self.bound.get(&key).copied();
+        if let Some(k) = old {
+            // Still the same connection, unless the response's PSN lies
+            // far from everything it sent: the requester's QP number is
+            // then that of a new connection, to another QP.
+            if self.conns.get(&k).is_some_and(|c| answers(c, psn)) {
+                return Some(k);
+            }
         }
         let candidates: Vec<StreamKey> = self
             .conns
@@ -718,7 +724,9 @@ impl Checker {
                 self.bound.insert(key, *one);
                 Some(*one)
             }
-            _ => None,
+            // Nothing else fits either: judged against what it was bound to
+            // (a response for a PSN never sent is the responder's fault).
+            _ => old,
         }
     }
 
@@ -1093,9 +1101,26 @@ fn note_request(conn: &mut Conn, psn: Psn, r: Request) {
     }
 }
 
+/// Whether a response for `psn` may belong to `c`: a PSN it sent, or
+/// near where it stands (a NAK names the next PSN; a response may run
+/// ahead of what the capture saw sent).
+fn answers(c: &Conn, psn: Psn) -> bool {
+    c.requests.contains_key(&psn.value())
+        || covers(c, psn)
+        || c.next
+            .is_some_and(|next| psn.diff(next).unsigned_abs() <= KEPT_REQUESTS as u32)
+}
+
 /// Whether a READ request of `c` covers `psn`.
 fn covers(c: &Conn, psn: Psn) -> bool {
-    c.requests.iter().any(|(&k, r)| {
+    // Requests hold disjoint PSN ranges: only the nearest at or before
+    // `psn` (the PSN space wrapping) can hold it.
+    let nearest = c
+        .requests
+        .range(..=psn.value())
+        .next_back()
+        .or_else(|| c.requests.iter().next_back());
+    nearest.is_some_and(|(&k, r)| {
         let start = Psn::new(k);
         r.op == Operation::RdmaReadRequest
             && psn.diff(start) >= 0
@@ -1103,9 +1128,6 @@ fn covers(c: &Conn, psn: Psn) -> bool {
     })
 }
 
-/// The messages that ended at PSNs after `from` through `to` (`None` if
-/// some request there is unknown: a gap in what the capture shows), and
-/// how many of them were READs or atomics.
 /// The last PSN of the READs and atomics sent right after `psn` (up to the
 /// first other request, or the first whose span is unknown): `psn` if none.
 fn reads_and_atomics_after(c: &Conn, psn: Psn) -> Psn {
@@ -1140,6 +1162,9 @@ fn answered_apart(op: Operation) -> bool {
     )
 }
 
+/// The messages that ended at PSNs after `from` through `to` (`None` if
+/// some request there is unknown: a gap in what the capture shows), and
+/// how many of them were READs or atomics.
 fn messages_between(c: &Conn, from: Psn, to: Psn) -> (Option<u32>, u32) {
     let want = to.forward_from(from);
     let mut covered = 0u32;
