@@ -171,10 +171,13 @@ def main(page):
                            {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             b.send(domain + ".enable")
+        started = time.monotonic()
         b.send("Page.navigate", {"url": "file://" + os.path.abspath(page)})
         b.wait_event("Page.loadEventFired")
+        took = time.monotonic() - started
         packets, shown = summary(b)
-        check(packets > 0 and shown > 0, f"loaded: {packets} packets in {shown} rows")
+        check(packets > 0 and shown > 0,
+              f"loaded: {packets} packets in {shown} rows, drawn in {took:.1f} s")
         rows = b.js(ROWS_JS)
         height = b.js("document.getElementById('scroll').clientHeight")
         check(len(rows) <= height / 22 + 21,
