@@ -131,8 +131,12 @@ fn expect(ok: bool, what: &str, failures: &mut Vec<String>) {
     }
 }
 
-/// Run the demo; returns whether every check passed.
-pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error::Error>> {
+/// Run the demo, its packets captured in `pcap` (named in the output if
+/// `announce`); returns whether every check passed.
+pub fn run(
+    pcap: Option<&Path>,
+    announce: bool,
+) -> std::result::Result<bool, Box<dyn std::error::Error>> {
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let a = nic()?;
@@ -347,7 +351,7 @@ pub fn run(pcap: Option<&Path>) -> std::result::Result<bool, Box<dyn std::error:
         counters.1.rcvd_pkts,
         counters.0.icrc_errors + counters.1.icrc_errors
     )?;
-    if let Some(p) = pcap {
+    if let (Some(p), true) = (pcap, announce) {
         writeln!(
             out,
             "  capture written to {} (open it in Wireshark, or: rnic dump {})",

@@ -42,9 +42,9 @@ enum Command {
         /// List the scenarios.
         #[arg(long)]
         list: bool,
-        /// With --scenario: also draw its packets as a ladder diagram,
-        /// FILE.svg or FILE.html (see rnic ladder).
-        #[arg(long, requires = "scenario")]
+        /// Also draw the packets as a ladder diagram, FILE.svg or FILE.html
+        /// (see rnic ladder).
+        #[arg(long)]
         ladder: Option<PathBuf>,
     },
     /// Bandwidth or latency of RDMA operations between two rnic NICs, in this
@@ -629,14 +629,36 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Demo { pcap, .. } => match demo::run(pcap.as_deref()) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::from(1),
-            Err(e) => {
-                eprintln!("rnic demo: {e}");
-                ExitCode::from(2)
+        Command::Demo { pcap, ladder, .. } => {
+            // The ladder is drawn from a capture: the one asked for, or one
+            // of its own, removed after.
+            let own = (pcap.is_none() && ladder.is_some()).then(|| {
+                std::env::temp_dir().join(format!("rnic-demo-{}.pcap", std::process::id()))
+            });
+            let capture = pcap.clone().or_else(|| own.clone());
+            let ran = demo::run(capture.as_deref(), pcap.is_some());
+            let drawn = match (&ran, &ladder, &capture) {
+                (Ok(_), Some(l), Some(c)) => std::fs::File::open(c)
+                    .and_then(|f| ladder::write(f, "rnic demo", &ladder::Options::default(), l))
+                    .map(|()| println!("  ladder diagram written to {}", l.display())),
+                _ => Ok(()),
+            };
+            if let Some(own) = own {
+                let _ = std::fs::remove_file(own);
             }
-        },
+            match (ran, drawn) {
+                (Ok(true), Ok(())) => ExitCode::SUCCESS,
+                (Ok(false), _) => ExitCode::from(1),
+                (Err(e), _) => {
+                    eprintln!("rnic demo: {e}");
+                    ExitCode::from(2)
+                }
+                (_, Err(e)) => {
+                    eprintln!("rnic demo: ladder: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Ladder {
             file,
             output,

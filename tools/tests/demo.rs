@@ -44,6 +44,35 @@ fn demo_runs_every_operation_and_its_capture_checks() {
     );
 }
 
+/// `rnic demo --ladder`: the demo's packets as a ladder diagram, drawn
+/// from a capture of its own that it leaves behind nowhere.
+#[test]
+fn demo_draws_its_ladder() {
+    let dir = std::env::temp_dir().join(format!("rnic-demo-ladder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("demo.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
+        .args(["demo", "--ladder"])
+        .arg(&svg)
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ladder diagram written to"), "{text}");
+    assert!(!text.contains("capture written to"), "{text}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(drawn.starts_with("<svg"), "{drawn}");
+    assert!(drawn.contains("16 packets"), "{drawn}");
+    assert!(drawn.contains("RC_RDMA_READ_RESPONSE_LAST"), "{drawn}");
+    assert_eq!(left, ["demo.svg"]);
+}
+
 #[test]
 fn devinfo_describes_the_device() {
     let out = Command::new(env!("CARGO_BIN_EXE_rnic"))
