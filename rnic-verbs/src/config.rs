@@ -66,7 +66,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "RNIC_PCAP",
         default: "no capture",
-        meaning: "Record every packet of every device of the process in this pcap file.",
+        meaning: "Record every packet of every device of the process in this pcap file (sent ones as the NIC sends them, before RNIC_IMPAIR).",
         read_by: ReadBy::Device,
     },
     Variable {

@@ -166,7 +166,7 @@ enum Command {
         /// Seconds between progress lines.
         #[arg(long, default_value_t = 10.0)]
         report: f64,
-        /// Record every packet both NICs send, as it leaves (after the
+        /// Record every packet both NICs send, as they send it (before the
         /// impairment), in this pcap file: `rnic check FILE` judges it.
         #[arg(long, value_name = "FILE")]
         pcap: Option<std::path::PathBuf>,

@@ -650,7 +650,17 @@ impl Checker {
                     Some((a, _)) if !a.is_before(nak) => a.next(),
                     _ => nak,
                 };
-                if psn == from {
+                // A PSN inside a READ's responses: the requester repeats
+                // the READ whole, or asks again from the first response it
+                // lacks (middle responses acknowledge nothing on the wire,
+                // so from any PSN of the READ's).
+                let read_start = if conn.requests.contains_key(&from.value()) {
+                    None
+                } else {
+                    read_covering(conn, from)
+                };
+                let rereads = read_start.is_some() && read_covering(conn, psn) == read_start;
+                if psn == from || rereads {
                     conn.nak = None;
                 } else if seen && psn.is_before(from) {
                     // A copy of a packet acknowledged already, after the
@@ -1113,6 +1123,12 @@ fn answers(c: &Conn, psn: Psn) -> bool {
 
 /// Whether a READ request of `c` covers `psn`.
 fn covers(c: &Conn, psn: Psn) -> bool {
+    read_covering(c, psn).is_some()
+}
+
+/// The first PSN of the READ request of `c` whose responses' PSNs hold
+/// `psn`, if any.
+fn read_covering(c: &Conn, psn: Psn) -> Option<Psn> {
     // Requests hold disjoint PSN ranges: only the nearest at or before
     // `psn` (the PSN space wrapping) can hold it.
     let nearest = c
@@ -1120,12 +1136,13 @@ fn covers(c: &Conn, psn: Psn) -> bool {
         .range(..=psn.value())
         .next_back()
         .or_else(|| c.requests.iter().next_back());
-    nearest.is_some_and(|(&k, r)| {
-        let start = Psn::new(k);
-        r.op == Operation::RdmaReadRequest
-            && psn.diff(start) >= 0
-            && r.span.is_none_or(|s| psn.forward_from(start) < s)
-    })
+    let (&k, r) = nearest?;
+    let start = Psn::new(k);
+    // Where the path MTU is not known yet, the most responses the READ can
+    // have: one per 256 bytes, the smallest.
+    let most = r.span.unwrap_or_else(|| r.len.div_ceil(256).max(1));
+    (r.op == Operation::RdmaReadRequest && psn.diff(start) >= 0 && psn.forward_from(start) < most)
+        .then_some(start)
 }
 
 /// The last PSN of the READs and atomics sent right after `psn` (up to the

@@ -43,6 +43,14 @@ impl EngineState {
                 }
             }
             acks_last(&mut tx);
+            if self.impair.is_some() && self.observed() {
+                // Seen as the NIC sends them, before the impairment (a
+                // stand-in for the network beyond the NIC) loses, copies,
+                // holds back or damages them.
+                for d in &tx {
+                    self.observe(true, now, d);
+                }
+            }
             if let Some(imp) = &mut self.impair {
                 // What was held and is due leaves first, then what the NIC
                 // sent now, as the impairment decides.
@@ -79,8 +87,10 @@ impl EngineState {
                     );
                 }
                 // As they leave: with the ICRC each segment carries.
-                for d in &tx[at..at + run] {
-                    self.observe(true, now, d);
+                if self.impair.is_none() {
+                    for d in &tx[at..at + run] {
+                        self.observe(true, now, d);
+                    }
                 }
                 let rest = &tx[at..];
                 at += run;
