@@ -369,6 +369,8 @@ struct Conn {
     last_t: u64,
     reads: BTreeMap<u32, ReadState>,
     atomics: HashMap<u32, (u64, u64)>,
+    /// Where what is acknowledged was last forgotten.
+    pruned: Option<Psn>,
     /// The messages that take a receive, as the requester began them: the
     /// PSN of each not yet acknowledged, with its number (from 1, in the
     /// capture), and how many have begun.
@@ -916,8 +918,14 @@ impl Checker {
                 }
             }
         }
-        // Forget what is acknowledged, but a window's worth before.
-        if let Some(through) = acked_through {
+        // Forget what is acknowledged, but a window's worth before: every
+        // quarter window acknowledged (a walk over everything kept).
+        let due = |t: Psn| {
+            conn.pruned
+                .is_none_or(|p| t.diff(p) >= (KEPT_REQUESTS / 4) as i32 || t.is_before(p))
+        };
+        if let Some(through) = acked_through.filter(|&t| due(t)) {
+            conn.pruned = Some(through);
             let keep_from = through.sub(KEPT_REQUESTS as u32);
             conn.requests
                 .retain(|&k, _| !Psn::new(k).is_before(keep_from));
@@ -993,7 +1001,7 @@ fn is_copy(last: &mut Option<(u64, u64)>, p: &IbPacket<&[u8]>, t: u64) -> bool {
     // Without the ICRC: a copy sent in another UDP GSO batch, or by a
     // stack that numbers IPv4 identifications, carries another.
     let b = p.as_bytes();
-    let h = fnv(&b[..b.len().saturating_sub(4)]);
+    let h = digest(&b[..b.len().saturating_sub(4)]);
     if last.is_some_and(|(seen, at)| seen == h && t.saturating_sub(at) <= DUPLICATE_WINDOW_NS) {
         return true;
     }
@@ -1001,10 +1009,10 @@ fn is_copy(last: &mut Option<(u64, u64)>, p: &IbPacket<&[u8]>, t: u64) -> bool {
     false
 }
 
-fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
-    })
+/// A packet's bytes, hashed to tell a copy: their CRC-32 (which crc32fast
+/// takes at memory speed) and their length.
+fn digest(b: &[u8]) -> u64 {
+    (b.len() as u64) << 32 | u64::from(crc32fast::hash(b))
 }
 
 /// A new request: if it begins a message that takes a receive, count it,
