@@ -217,6 +217,12 @@ def main(page):
             # one PSN too wide keeps it.
             lo = singles[len(singles) // 3] + 1
             hi = max(lo, psns[2 * len(psns) // 3])
+            # Ending inside a folded run, where there is one: only its
+            # packets up to the bound may stay.
+            runs = [label_psns(r["label"]) for r in rows if r["folded"]]
+            inside = [first + 1 for first, last in runs if first >= lo and last > first + 1]
+            if inside:
+                hi = inside[0]
             box = b.js("(() => { const r = document.getElementById('psn')"
                        ".getBoundingClientRect(); return [r.left + 5, r.top + r.height / 2]; })()")
             b.click(*box)
