@@ -323,6 +323,19 @@ struct Gap {
     packet: u64,
 }
 
+/// End-to-end credits as a connection's ACKs granted them.
+#[derive(Debug, Default, Clone, Copy)]
+enum Granted {
+    /// No count seen yet.
+    #[default]
+    Unknown,
+    /// The highest number a message that takes a receive may have, and
+    /// the response that granted it.
+    Through { limit: u64, packet: u64 },
+    /// Without limit, for good.
+    Unlimited,
+}
+
 #[derive(Debug, Default)]
 struct Conn {
     transport: Option<Transport>,
@@ -376,11 +389,8 @@ struct Conn {
     /// capture), and how many have begun.
     receiving: VecDeque<(Psn, u64)>,
     receiving_begun: u64,
-    /// The highest number such a message may have by the credits the
-    /// responder granted, and the response that granted it; `None` until
-    /// a count is seen, or for good once a responder grants without limit.
-    credit_limit: Option<(u64, u64)>,
-    unlimited_credits: bool,
+    /// What the responder's ACKs have granted.
+    granted: Granted,
     /// The last request (hash, time) since the last response, and the
     /// last response since the last request, to recognise network copies:
     /// a requester resends only after a response (a NAK) or a timeout, a
@@ -1041,7 +1051,7 @@ fn credits(
     if conn.receiving.len() > KEPT_REQUESTS {
         conn.receiving.pop_front();
     }
-    if let (true, Some((limit, at))) = (begins, conn.credit_limit) {
+    if let (true, Granted::Through { limit, packet: at }) = (begins, conn.granted) {
         if k > limit + 1 {
             found.push((
                 vec![at, n],
@@ -1058,31 +1068,29 @@ fn credits(
 /// A response's AETH grants `code` credits beyond the messages through
 /// `psn`.
 fn grant(conn: &mut Conn, psn: Psn, code: u8, n: u64) {
-    if conn.unlimited_credits {
+    if let Granted::Unlimited = conn.granted {
         return;
     }
     let Some(credits) = rnic_wire::aeth::decode_credits(code) else {
-        conn.unlimited_credits = true;
-        conn.credit_limit = None;
+        conn.granted = Granted::Unlimited;
         return;
     };
-    // The messages through `psn` are done; how many took a receive.
-    let mut done = None;
-    while let Some(&(p, k)) = conn.receiving.front() {
-        if p.is_after(psn) {
-            break;
-        }
-        done = Some(k);
+    // The messages through `psn` are done: forgotten; those left are
+    // numbered on from the ones done.
+    while conn
+        .receiving
+        .front()
+        .is_some_and(|&(p, _)| !p.is_after(psn))
+    {
         conn.receiving.pop_front();
     }
-    let done = done.unwrap_or_else(|| {
-        conn.receiving
-            .front()
-            .map_or(conn.receiving_begun, |&(_, k)| k - 1)
-    });
+    let done = conn
+        .receiving
+        .front()
+        .map_or(conn.receiving_begun, |&(_, k)| k - 1);
     let limit = done + u64::from(credits);
-    if conn.credit_limit.is_none_or(|(l, _)| limit > l) {
-        conn.credit_limit = Some((limit, n));
+    if !matches!(conn.granted, Granted::Through { limit: l, .. } if l >= limit) {
+        conn.granted = Granted::Through { limit, packet: n };
     }
 }
 
