@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use rnic_core::check::{Checker, Finding, Rule};
+use rnic_core::check::{Checker, Finding, Rule, Stats};
 use rnic_wire::pcap::PcapReader;
 use rnic_wire::LinkType;
 
@@ -28,19 +28,61 @@ fn captures() -> Vec<PathBuf> {
     all
 }
 
-fn check(path: &Path) -> (Vec<Finding>, rnic_core::check::Stats) {
+/// A capture's frames, each editable: time, link type and bytes.
+type Frames = Vec<(u64, Option<LinkType>, Vec<u8>)>;
+
+fn read_frames(path: &Path) -> Frames {
     let data = std::fs::read(path).unwrap();
+    PcapReader::new(&data)
+        .unwrap()
+        .map(|r| {
+            let r = r.unwrap();
+            (
+                r.timestamp_ns,
+                LinkType::from_pcap(r.link_type),
+                r.data.to_vec(),
+            )
+        })
+        .collect()
+}
+
+/// The frames of reference capture `name`.
+fn frames(name: &str) -> Frames {
+    read_frames(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("captures")
+            .join(name),
+    )
+}
+
+/// The checker's verdict on `frames`, numbered from 1.
+fn check_frames(frames: &[(u64, Option<LinkType>, Vec<u8>)]) -> (Vec<Finding>, Stats) {
     let mut c = Checker::new();
-    for (i, r) in PcapReader::new(&data).unwrap().enumerate() {
-        let r = r.unwrap();
-        c.frame(
-            i as u64 + 1,
-            r.timestamp_ns,
-            LinkType::from_pcap(r.link_type),
-            r.data,
-        );
+    for (i, (t, link, data)) in frames.iter().enumerate() {
+        c.frame(i as u64 + 1, *t, *link, data);
     }
     c.finish()
+}
+
+fn check(path: &Path) -> (Vec<Finding>, Stats) {
+    check_frames(&read_frames(path))
+}
+
+/// `first`, then `second` a second after it, each of `second`'s frames
+/// changed by `change` (given its bytes and link type) first.
+fn one_after_the_other(
+    first: &Frames,
+    second: Frames,
+    mut change: impl FnMut(&mut Vec<u8>, LinkType),
+) -> Frames {
+    let mut both = first.clone();
+    let end = both.last().unwrap().0;
+    let start = second[0].0;
+    for (t, link, mut data) in second {
+        change(&mut data, link.unwrap());
+        both.push((t - start + end + 1_000_000_000, link, data));
+    }
+    both
 }
 
 #[test]
@@ -120,30 +162,21 @@ fn credits_the_hardware_nic_is_granted_it_keeps_to() {
     let (found, _) = check(&path);
     assert!(found.is_empty(), "{found:#?}");
 
-    let data = std::fs::read(&path).unwrap();
-    let mut c = Checker::new();
+    let mut all = read_frames(&path);
     let mut granted = std::collections::BTreeSet::new();
-    for (i, r) in PcapReader::new(&data).unwrap().enumerate() {
-        let r = r.unwrap();
-        let link = LinkType::from_pcap(r.link_type);
-        let mut frame = r.data.to_vec();
-        if let Some(Ok(f)) = link.map(|l| rnic_wire::Frame::parse(l, r.data)) {
-            if let Some(a) = f.ib.aeth() {
-                let syndrome = a.syndrome();
-                if syndrome >> 5 == 0 {
-                    granted.insert(syndrome & 0x1f);
-                    let (ip, at) = (f.ip_offset, f.ib_offset + 12);
-                    frame[at] = 0; // ACK, no credits
-                    let end = frame.len();
-                    rnic_wire::icrc::fill(&mut frame[ip..end]).unwrap();
-                }
-            }
+    for (_, link, frame) in &mut all {
+        let syndrome = link
+            .and_then(|l| rnic_wire::Frame::parse(l, frame).ok())
+            .and_then(|f| Some(f.ib.aeth()?.syndrome()));
+        if let Some(syndrome) = syndrome.filter(|s| s >> 5 == 0) {
+            granted.insert(syndrome & 0x1f);
+            let aeth = 12;
+            edit(frame, link.unwrap(), 0, aeth, &[0]); // ACK, no credits
         }
-        c.frame(i as u64 + 1, r.timestamp_ns, link, &frame);
     }
     // Credit codes 5 and 6: 6 and 8 receives (IBTA table 43).
     assert_eq!(granted.into_iter().collect::<Vec<_>>(), [5, 6]);
-    let (found, _) = c.finish();
+    let (found, _) = check_frames(&all);
     let rules: std::collections::BTreeSet<Rule> = found.iter().map(|f| f.rule).collect();
     assert_eq!(
         rules.into_iter().collect::<Vec<_>>(),
@@ -152,33 +185,6 @@ fn credits_the_hardware_nic_is_granted_it_keeps_to() {
     );
     assert!(found.len() >= 5, "{found:#?}");
     assert!(found.iter().all(|f| !f.rule.is_violation()));
-}
-
-/// The frames of a capture, each editable.
-fn frames(name: &str) -> Vec<(u64, Option<LinkType>, Vec<u8>)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("captures")
-        .join(name);
-    let data = std::fs::read(path).unwrap();
-    PcapReader::new(&data)
-        .unwrap()
-        .map(|r| {
-            let r = r.unwrap();
-            (
-                r.timestamp_ns,
-                LinkType::from_pcap(r.link_type),
-                r.data.to_vec(),
-            )
-        })
-        .collect()
-}
-
-fn check_frames(frames: &[(u64, Option<LinkType>, Vec<u8>)]) -> Vec<Finding> {
-    let mut c = Checker::new();
-    for (i, (t, link, data)) in frames.iter().enumerate() {
-        c.frame(i as u64 + 1, *t, *link, data);
-    }
-    c.finish().0
 }
 
 /// Change an IPv4 RoCE frame's payload length by `delta` bytes (added as
@@ -209,14 +215,14 @@ fn edit(frame: &mut Vec<u8>, link: LinkType, delta: isize, at: usize, bytes: &[u
 #[test]
 fn uc_requests_are_judged_for_their_payload_and_opcode_sequence() {
     let base = frames("rxe-uc_pingpong.pcap");
-    assert!(check_frames(&base).is_empty());
+    assert!(check_frames(&base).0.is_empty());
     let first_of_a = 0; // UC_SEND_FIRST, 1024 bytes
     let last_of_a = 1; // UC_SEND_LAST
 
     let mut cut = base.clone();
     let link = cut[first_of_a].1.unwrap();
     edit(&mut cut[first_of_a].2, link, -4, 0, &[]);
-    let found = check_frames(&cut);
+    let (found, _) = check_frames(&cut);
     assert!(
         found.len() == 1 && found[0].rule == Rule::Payload && found[0].packets == [1],
         "{found:#?}"
@@ -226,7 +232,7 @@ fn uc_requests_are_judged_for_their_payload_and_opcode_sequence() {
     let link = twice[last_of_a].1.unwrap();
     let uc_send_first = 0x20;
     edit(&mut twice[last_of_a].2, link, 0, 0, &[uc_send_first]);
-    let found = check_frames(&twice);
+    let (found, _) = check_frames(&twice);
     assert!(
         found.iter().all(|f| f.rule == Rule::OpcodeSequence)
             && found.iter().any(|f| f.packets == [2]),
@@ -259,35 +265,19 @@ fn a_qp_number_used_again_is_a_new_connection() {
         .iter()
         .find_map(|(_, link, data)| a(data, link.unwrap()))
         .unwrap();
-    let alone = |name| {
-        check(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("captures")
-                .join(name),
-        )
-        .1
-        .rc
-    };
+    let alone = |name| check_frames(&frames(name)).1.rc;
     let rc = alone("rxe-rc_pingpong.pcap") + alone("rxe-write_bw_mtu256.pcap");
     // Frame 45 acknowledges the first's last SEND from 10.77.0.1.
     let mut unacknowledged = first.clone();
     unacknowledged.remove(44);
     let near = next.add(5000).value().wrapping_sub(begins.value()) & 0xff_ffff;
     for (first, shift) in [(&first, 0), (&unacknowledged, 0), (&first, near)] {
-        let mut both = first.clone();
-        let end = both.last().unwrap().0;
-        let start = second[0].0;
-        for (t, link, mut data) in second.clone() {
-            let f = rnic_wire::Frame::parse(link.unwrap(), &data).unwrap();
+        let both = one_after_the_other(first, second.clone(), |data, link| {
+            let f = rnic_wire::Frame::parse(link, data).unwrap();
             let psn = (f.ib.bth().psn().value() + shift) & 0xff_ffff;
-            edit(&mut data, link.unwrap(), 0, 9, &psn.to_be_bytes()[1..]);
-            both.push((t - start + end + 1_000_000_000, link, data));
-        }
-        let mut c = Checker::new();
-        for (i, (t, link, data)) in both.iter().enumerate() {
-            c.frame(i as u64 + 1, *t, *link, data);
-        }
-        let (found, stats) = c.finish();
+            edit(data, link, 0, 9, &psn.to_be_bytes()[1..]);
+        });
+        let (found, stats) = check_frames(&both);
         assert!(found.is_empty(), "shift {shift:#x}: {found:#?}");
         assert_eq!(stats.rc, rc, "shift {shift:#x}");
     }
@@ -300,26 +290,21 @@ fn a_qp_number_used_again_is_a_new_connection() {
 /// taken as answers to the second's requests.
 #[test]
 fn responses_to_a_qp_number_used_again_answer_its_new_connection() {
-    let mut both = frames("rxe-rc_pingpong.pcap");
-    let end = both.last().unwrap().0;
-    let second = frames("rxe-write_bw_mtu256.pcap");
-    let start = second[0].0;
     let mut renumbered = 0;
-    for (t, link, mut data) in second {
-        let f = rnic_wire::Frame::parse(link.unwrap(), &data).unwrap();
-        if f.ip.src_addr().to_string() == "10.77.0.1" {
-            assert_eq!(f.ib.bth().dest_qp(), 0x11);
-            edit(&mut data, link.unwrap(), 0, 5, &[0, 0, 0x12]);
-            renumbered += 1;
-        }
-        both.push((t - start + end + 1_000_000_000, link, data));
-    }
+    let both = one_after_the_other(
+        &frames("rxe-rc_pingpong.pcap"),
+        frames("rxe-write_bw_mtu256.pcap"),
+        |data, link| {
+            let f = rnic_wire::Frame::parse(link, data).unwrap();
+            if f.ip.src_addr().to_string() == "10.77.0.1" {
+                assert_eq!(f.ib.bth().dest_qp(), 0x11);
+                edit(data, link, 0, 5, &[0, 0, 0x12]);
+                renumbered += 1;
+            }
+        },
+    );
     assert!(renumbered > 100);
-    let mut c = Checker::new();
-    for (i, (t, link, data)) in both.iter().enumerate() {
-        c.frame(i as u64 + 1, *t, *link, data);
-    }
-    let (found, stats) = c.finish();
+    let (found, stats) = check_frames(&both);
     assert!(found.is_empty(), "{found:#?}");
     assert_eq!(stats.unplaced_responses, 0);
 }

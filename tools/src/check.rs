@@ -5,7 +5,7 @@
 use std::io::{self, Read, Write};
 use std::time::Instant;
 
-use rnic_core::check::{Checker, Finding, Kind, Rule};
+use rnic_core::check::{Checker, Kind, Rule};
 use rnic_wire::pcap::PcapStream;
 use rnic_wire::LinkType;
 
@@ -68,19 +68,16 @@ pub fn check(input: impl Read, name: &str, out: &mut impl Write) -> io::Result<V
         stats.uc,
         stats.ud
     )?;
-    let of = |kind: Kind| -> Vec<&Finding> {
-        findings.iter().filter(|f| f.rule.kind() == kind).collect()
-    };
-    let violations = of(Kind::Violation);
     for (kind, label) in [
         (Kind::Violation, "violation"),
         (Kind::Warning, "warning"),
         (Kind::Note, "note"),
     ] {
-        for f in of(kind) {
+        for f in findings.iter().filter(|f| f.rule.kind() == kind) {
             writeln!(out, "  {label}: {f}")?;
         }
     }
+    let violations = findings.iter().filter(|f| f.rule.is_violation()).count();
     let mut per_rule: Vec<(Rule, usize)> = Rule::ALL
         .iter()
         .map(|&r| (r, findings.iter().filter(|f| f.rule == r).count()))
@@ -95,12 +92,12 @@ pub fn check(input: impl Read, name: &str, out: &mut impl Write) -> io::Result<V
     writeln!(
         out,
         "{}: {} violation(s){}; checked at {:.0} packets/s",
-        if violations.is_empty() {
+        if violations == 0 {
             "clean"
         } else {
             "NOT CONFORMANT"
         },
-        violations.len(),
+        violations,
         if tally.is_empty() {
             String::new()
         } else {
@@ -109,7 +106,7 @@ pub fn check(input: impl Read, name: &str, out: &mut impl Write) -> io::Result<V
         rate
     )?;
     Ok(Verdict {
-        violations: violations.len(),
+        violations,
         file_error,
     })
 }
