@@ -366,11 +366,7 @@ pub const SLOT_BITS: u32 = 4;
 
 /// The packet socket on an interface, filtered to the RoCE v2 packets
 /// for `addrs` (the NIC's).
-pub(crate) fn open(
-    iface: &Interface,
-    addrs: &[IpAddr],
-    slot: Option<QpnSlot>,
-) -> io::Result<OwnedFd> {
+pub(crate) fn open(iface: &Interface, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ring> {
     open_on(iface.index, addrs, slot)
 }
 
@@ -382,7 +378,7 @@ pub(crate) fn open_loopback(
     iface: &Interface,
     addrs: &[IpAddr],
     slot: Option<QpnSlot>,
-) -> io::Result<Option<OwnedFd>> {
+) -> io::Result<Option<Ring>> {
     // SAFETY: a valid C string.
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
     if lo == 0 || lo == iface.index {
@@ -391,7 +387,7 @@ pub(crate) fn open_loopback(
     open_on(lo, addrs, slot).map(Some)
 }
 
-fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<OwnedFd> {
+fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ring> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
@@ -406,8 +402,10 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ow
     }
     // SAFETY: a new descriptor, owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // The filter goes on before the bind: no packet is queued unfiltered.
+    // The filter and the ring go on before the bind: no packet is queued
+    // unfiltered, or anywhere but in the ring.
     attach(fd.as_fd(), &roce_filter(addrs, slot)?)?;
+    let ring = Ring::new(fd, crate::udp::SOCKET_BUFFER)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -416,7 +414,7 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ow
     // SAFETY: binds the descriptor to a valid sockaddr_ll of the right size.
     let r = unsafe {
         libc::bind(
-            fd.as_raw_fd(),
+            ring.fd.as_raw_fd(),
             (&sll as *const libc::sockaddr_ll).cast(),
             size_of::<libc::sockaddr_ll>() as libc::socklen_t,
         )
@@ -424,8 +422,181 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ow
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    crate::udp::ask_recv_buffer(fd.as_fd());
-    Ok(fd)
+    Ok(ring)
+}
+
+/// Bytes per frame of a [`Ring`]: the ring header and the address the
+/// kernel writes before the packet (80 bytes), and a packet of up to 8,112
+/// bytes, more than a RoCE packet of the largest path MTU (4,096) with
+/// every header. A longer packet is cut there and counted as malformed,
+/// as a UDP receive slot cuts one.
+const FRAME_SIZE: usize = 8192;
+
+/// A frame socket's receive ring (`PACKET_RX_RING`, `TPACKET_V2`): frames
+/// in memory the socket and this process share, each handed over by a
+/// status word. The kernel copies a packet that passed the filter into the
+/// next frame it owns and marks it the user's; the NIC reads it where it
+/// lies and hands the frame back. A receive is no system call, and a
+/// receive that finds nothing, most of a spinning poller's, is one load:
+/// where a packet socket's `recvmmsg` costs as much as a UDP socket's.
+/// Waiting stays poll(2) on the socket, which reports a frame the user
+/// owns.
+///
+/// Frames are taken in order, one at a time, by whoever holds the engine's
+/// state lock: [`Ring::next`] and the [`Filled`] it returns must not be
+/// used from two threads at once, which the lock sees to.
+pub(crate) struct Ring {
+    fd: OwnedFd,
+    map: std::ptr::NonNull<u8>,
+    frames: usize,
+    /// The next frame to look at: the kernel fills them in order, wrapping.
+    next: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: the mapping is owned by the ring and unmapped on drop; the frames
+// in it are read and handed back only through `next` and `Filled`, whose
+// callers hold the engine's lock (see the type), and each frame's status
+// word, the only word the kernel and this process both write, is accessed
+// atomically.
+unsafe impl Send for Ring {}
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// Set `fd` (a packet socket, not yet bound) up with a ring of `bytes`
+    /// (rounded to whole frames) and map it.
+    fn new(fd: OwnedFd, bytes: usize) -> io::Result<Ring> {
+        let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
+        crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
+        let frames = (bytes / FRAME_SIZE).max(1);
+        // One frame a block: a block is whole pages, and frames never
+        // straddle one.
+        let req = libc::tpacket_req {
+            tp_block_size: FRAME_SIZE as libc::c_uint,
+            tp_block_nr: frames as libc::c_uint,
+            tp_frame_size: FRAME_SIZE as libc::c_uint,
+            tp_frame_nr: frames as libc::c_uint,
+        };
+        crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        // SAFETY: maps the ring the kernel just made for this socket, at an
+        // address it picks; the mapping is the ring's alone.
+        let map = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                frames * FRAME_SIZE,
+                rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                rustix::mm::MapFlags::SHARED,
+                &fd,
+                0,
+            )?
+        };
+        let map = std::ptr::NonNull::new(map.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null mapping"))?;
+        Ok(Ring {
+            fd,
+            map,
+            frames,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The socket: poll(2) it to wait for a frame.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The status word of frame `i`.
+    fn status(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: frame `i` (< `frames`) lies within the mapping and begins
+        // with a `tpacket2_hdr`, whose first field is the u32 status, at a
+        // page-aligned address; the kernel writes it with ordered stores,
+        // this process only atomically.
+        unsafe { &*self.map.as_ptr().add(i * FRAME_SIZE).cast() }
+    }
+
+    /// The next frame the kernel has filled, if it has: the caller reads
+    /// it and the frame goes back to the kernel when the [`Filled`] drops.
+    pub(crate) fn next(&self) -> Option<Filled<'_>> {
+        use std::sync::atomic::Ordering;
+        let i = self.next.load(Ordering::Relaxed);
+        // Acquire: the packet's bytes, written before the status, are seen.
+        if self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
+        let base = self.map.as_ptr().wrapping_add(i * FRAME_SIZE);
+        // SAFETY: the frame is the user's (status above) until `Filled`
+        // hands it back: the kernel writes none of it meanwhile. Its
+        // header is a `tpacket2_hdr` the kernel wrote; u32 and u16 fields
+        // at their natural alignment in a page-aligned frame.
+        let hdr = unsafe { std::ptr::read(base.cast::<libc::tpacket2_hdr>()) };
+        // A packet longer than the frame is cut to fit (`tp_snaplen` less
+        // than `tp_len`): its IP header's length then exceeds the bytes,
+        // and the NIC counts it as malformed.
+        let at = usize::from(hdr.tp_net);
+        let len = hdr.tp_snaplen as usize;
+        let bytes = at
+            .checked_add(len)
+            .is_some_and(|end| end <= FRAME_SIZE)
+            .then(|| {
+                // SAFETY: within the frame (checked), the user's until `Filled`
+                // drops, which the slice's lifetime is tied to.
+                unsafe { std::slice::from_raw_parts(base.add(at), len) }
+            });
+        Some(Filled {
+            ring: self,
+            frame: i,
+            bytes,
+        })
+    }
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("fd", &self.fd)
+            .field("frames", &self.frames)
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, of this length; no `Filled`
+        // outlives the ring (it borrows it).
+        unsafe {
+            let _ = rustix::mm::munmap(self.map.as_ptr().cast(), self.frames * FRAME_SIZE);
+        }
+    }
+}
+
+/// A frame of a [`Ring`] the kernel filled: the user's until this drops,
+/// which hands it back and moves the ring on.
+pub(crate) struct Filled<'a> {
+    ring: &'a Ring,
+    frame: usize,
+    bytes: Option<&'a [u8]>,
+}
+
+impl Filled<'_> {
+    /// The IP packet (cut short if it was longer than a frame), or None if
+    /// the kernel placed it outside the frame.
+    pub(crate) fn bytes(&self) -> Option<&[u8]> {
+        self.bytes
+    }
+}
+
+impl Drop for Filled<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        // Release: this process's reads of the frame are done before the
+        // kernel may write it again.
+        self.ring
+            .status(self.frame)
+            .store(libc::TP_STATUS_KERNEL, Ordering::Release);
+        self.ring
+            .next
+            .store((self.frame + 1) % self.ring.frames, Ordering::Relaxed);
+    }
 }
 
 /// The IB packet (BTH through ICRC) of an IP packet the frame socket took

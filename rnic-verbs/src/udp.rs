@@ -92,6 +92,23 @@ impl RecvBatch {
         RecvBatch::with_slots(SLOT, false)
     }
 
+    /// A batch with no room at all, allocating nothing: what stands in for
+    /// one lent out (see `engine::receive`). A receive into it fails.
+    pub(crate) fn unallocated() -> RecvBatch {
+        RecvBatch {
+            bufs: Vec::new(),
+            slot: 0,
+            addrs: Vec::new(),
+            iovs: Vec::new(),
+            hdrs: Vec::new(),
+            controls: Vec::new(),
+            lens: Vec::new(),
+            segs: Vec::new(),
+            truncated: Vec::new(),
+            written: 0,
+        }
+    }
+
     /// Room for [`BATCH`] messages of up to 64 KiB each, for a socket with
     /// `UDP_GRO` on ([`enable_gro`]): the kernel may hand over several
     /// datagrams of one sender joined into one message, which
@@ -147,6 +164,10 @@ impl RecvBatch {
     /// does (a header and its iovec copied in, the socket queue locked):
     /// a caller that expects one message saves it by asking for one.
     pub fn recv_at_most(&mut self, fd: BorrowedFd<'_>, most: usize) -> io::Result<usize> {
+        let most = most.clamp(1, BATCH).min(self.hdrs.len());
+        if most == 0 {
+            return Err(io::Error::other("a receive batch with no room"));
+        }
         let control = if self.controls.is_empty() {
             0
         } else {
@@ -167,7 +188,7 @@ impl RecvBatch {
             libc::recvmmsg(
                 fd.as_raw_fd(),
                 self.hdrs.as_mut_ptr(),
-                most.clamp(1, BATCH) as libc::c_uint,
+                most as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
             )

@@ -53,7 +53,7 @@ int main(int argc, char **argv)
 		return 1;
 	if (argc == 2) {
 		me.sin_port = htons(atoi(argv[1]));
-		me.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		me.sin_addr.s_addr = htonl(INADDR_ANY);
 		if (bind(fd, (struct sockaddr *)&me, sizeof(me)))
 			return perror("bind"), 1;
 		for (;;) {

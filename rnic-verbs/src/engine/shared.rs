@@ -84,11 +84,11 @@ pub(super) struct Shared {
     pub(super) pinned_steering: std::sync::atomic::AtomicU8,
     /// The frame transport's packet socket (see `frames`), if the device
     /// runs on one.
-    pub(super) frames: Option<OwnedFd>,
+    pub(super) frames: Option<crate::frames::Ring>,
     /// With `frames`, the same on `lo`: the packets this host sends to
     /// the NIC's own addresses (see [`crate::frames::open_loopback`]).
     /// The engine thread's alone to watch, as `side_rx`.
-    pub(super) loopback: Option<OwnedFd>,
+    pub(super) loopback: Option<crate::frames::Ring>,
     /// The connection to the NIC that receives this one's packets, if
     /// another does (see [`super::relay`]).
     pub(super) inbox: Option<OwnedFd>,
@@ -214,7 +214,7 @@ impl Shared {
     /// Where packets come in.
     pub(super) fn rx(&self) -> Rx<'_> {
         match (&self.frames, self.inlet) {
-            (Some(f), _) => Rx::Frames(f.as_fd()),
+            (Some(f), _) => Rx::Frames(f),
             (None, Inbox::Main) => match &self.inbox {
                 Some(i) => Rx::Relayed(i.as_fd()),
                 None => Rx::Udp(&self.socket),
@@ -231,7 +231,7 @@ impl Shared {
             (Some(i), Inbox::Side) => Some(Rx::Relayed(i.as_fd())),
             _ => None,
         };
-        let looped = self.loopback.as_ref().map(|l| Rx::Frames(l.as_fd()));
+        let looped = self.loopback.as_ref().map(Rx::Frames);
         relayed.into_iter().chain(looped)
     }
 
