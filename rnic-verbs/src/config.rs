@@ -82,6 +82,12 @@ pub const VARIABLES: &[Variable] = &[
         read_by: ReadBy::Device,
     },
     Variable {
+        name: "RNIC_RING",
+        default: "off",
+        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (an AF_PACKET socket on `lo`; needs CAP_NET_RAW, else the socket as before): a receive is no system call.",
+        read_by: ReadBy::Device,
+    },
+    Variable {
         name: "RNIC_RESPONSE_SOCKET",
         default: "off",
         meaning: "`on` or `off`: take RC responses in on a second socket while the engine thread watches for a program that spins on memory.",
@@ -177,6 +183,9 @@ pub struct Config {
     /// `RNIC_GSO`: whether runs of datagrams go out as UDP GSO sends
     /// (`None`: on loopback with the UDP transport only).
     pub gso: Option<bool>,
+    /// `RNIC_RING`: on loopback with the UDP transport, packets come in
+    /// through a receive ring on `lo` where the process may open one.
+    pub ring: bool,
     /// `RNIC_RESPONSE_SOCKET`: RC responses steered to a socket of their
     /// own while the engine thread stays for a program.
     pub response_socket: bool,
@@ -196,6 +205,7 @@ impl Default for Config {
             pcap: None,
             impair: None,
             gso: None,
+            ring: false,
             response_socket: false,
             priority: Priority::Realtime,
             linger_window: LINGER_WINDOW,
@@ -258,6 +268,7 @@ impl Config {
             pcap: get("RNIC_PCAP").map(PathBuf::from),
             impair,
             gso: on_off("RNIC_GSO")?,
+            ring: on_off("RNIC_RING")?.unwrap_or(false),
             response_socket: on_off("RNIC_RESPONSE_SOCKET")?.unwrap_or(false),
             priority: Priority::parse(text("RNIC_ENGINE_PRIORITY")?.as_deref())?,
             linger_window,
@@ -335,6 +346,7 @@ mod tests {
             ("RNIC_PCAP", "/tmp/x.pcap"),
             ("RNIC_IMPAIR", "loss=5%"),
             ("RNIC_GSO", "off"),
+            ("RNIC_RING", "on"),
             ("RNIC_RESPONSE_SOCKET", "on"),
             ("RNIC_ENGINE_PRIORITY", "normal"),
             ("RNIC_BUSY_POLL_US", "0"),
@@ -345,6 +357,7 @@ mod tests {
         assert_eq!(c.pcap, Some(PathBuf::from("/tmp/x.pcap")));
         assert!(c.impair.is_some());
         assert_eq!(c.gso, Some(false));
+        assert!(c.ring);
         assert!(c.response_socket);
         assert_eq!(c.priority, Priority::Normal);
         assert_eq!(c.linger_window, 0);

@@ -206,6 +206,24 @@ fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::
     p.finish()
 }
 
+/// `filter`, made for packets that begin with their IP header, for packets
+/// that begin with a link-layer header of `link` bytes (a raw packet
+/// socket's): every load of the packet's bytes moves on by `link`, loads of
+/// what the kernel knows beside them stay.
+fn past_link_header(mut filter: Vec<libc::sock_filter>, link: u32) -> Vec<libc::sock_filter> {
+    for i in &mut filter {
+        let of_bytes = match i.code {
+            LD_B_ABS | LD_H_ABS | LD_W_ABS => i.k < AD,
+            LD_H_IND | LD_W_IND | LDX_B_MSH => true,
+            _ => false,
+        };
+        if of_bytes {
+            i.k += link;
+        }
+    }
+    filter
+}
+
 fn attach(fd: BorrowedFd<'_>, filter: &[libc::sock_filter]) -> io::Result<()> {
     let prog = libc::sock_fprog {
         len: filter.len() as u16,
@@ -367,7 +385,7 @@ pub const SLOT_BITS: u32 = 4;
 /// The packet socket on an interface, filtered to the RoCE v2 packets
 /// for `addrs` (the NIC's).
 pub(crate) fn open(iface: &Interface, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ring> {
-    open_on(iface.index, addrs, slot)
+    open_on(iface.index, addrs, slot, false)
 }
 
 /// The same on `lo`, unless `iface` is `lo` itself: what this host sends
@@ -384,16 +402,37 @@ pub(crate) fn open_loopback(
     if lo == 0 || lo == iface.index {
         return Ok(None);
     }
-    open_on(lo, addrs, slot).map(Some)
+    open_on(lo, addrs, slot, false).map(Some)
 }
 
-fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ring> {
+/// The UDP transport's ring on loopback: the packets to `addrs` (loopback
+/// addresses) port 4791, taken from `lo` as they arrive, each a UDP
+/// datagram (or a GSO send's, which loopback carries whole) read as a UDP
+/// socket would give it, with no system call ([`Ring::datagram`]). The
+/// NIC's UDP socket stays bound but receives nothing.
+pub(crate) fn open_loopback_udp(addrs: &[IpAddr]) -> io::Result<Ring> {
+    // SAFETY: a valid C string.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    open_on(lo, addrs, None, true)
+}
+
+fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>, udp: bool) -> io::Result<Ring> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
         libc::socket(
             libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            // The virtio-net header the UDP transport's ring needs comes
+            // only with a raw socket's packets (link-layer header and all).
+            if udp {
+                libc::SOCK_RAW
+            } else {
+                libc::SOCK_DGRAM
+            } | libc::SOCK_NONBLOCK
+                | libc::SOCK_CLOEXEC,
             i32::from(proto),
         )
     };
@@ -404,8 +443,14 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ri
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // The filter and the ring go on before the bind: no packet is queued
     // unfiltered, or anywhere but in the ring.
-    attach(fd.as_fd(), &roce_filter(addrs, slot)?)?;
-    let ring = Ring::new(fd, crate::udp::SOCKET_BUFFER)?;
+    let filter = roce_filter(addrs, slot)?;
+    let filter = if udp {
+        past_link_header(filter, LO_LINK_HEADER)
+    } else {
+        filter
+    };
+    attach(fd.as_fd(), &filter)?;
+    let ring = Ring::new(fd, crate::udp::SOCKET_BUFFER, udp)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -451,6 +496,11 @@ pub(crate) struct Ring {
     frames: usize,
     /// The next frame to look at: the kernel fills them in order, wrapping.
     next: std::sync::atomic::AtomicUsize,
+    /// The ring of the UDP transport on loopback ([`open_loopback_udp`]):
+    /// each packet comes with a virtio-net header (its GSO segment size),
+    /// and one longer than a frame is queued whole on the socket as well,
+    /// to be received into this.
+    udp: Option<parking_lot::Mutex<Vec<u8>>>,
 }
 
 // SAFETY: the mapping is owned by the ring and unmapped on drop; the frames
@@ -464,9 +514,19 @@ unsafe impl Sync for Ring {}
 impl Ring {
     /// Set `fd` (a packet socket, not yet bound) up with a ring of `bytes`
     /// (rounded to whole frames) and map it.
-    fn new(fd: OwnedFd, bytes: usize) -> io::Result<Ring> {
+    fn new(fd: OwnedFd, bytes: usize, udp: bool) -> io::Result<Ring> {
         let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
         crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
+        if udp {
+            // A virtio-net header before each packet says how long the
+            // datagrams of a GSO send are (loopback carries the send
+            // whole); a packet longer than a frame (a GSO send of up to 64
+            // KiB) is cut in the ring and queued whole on the socket too.
+            let on: libc::c_int = 1;
+            crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, &on)?;
+            crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_COPY_THRESH, &on)?;
+            crate::udp::ask_recv_buffer(fd.as_fd());
+        }
         let frames = (bytes / FRAME_SIZE).max(1);
         // One frame a block: a block is whole pages, and frames never
         // straddle one.
@@ -496,7 +556,48 @@ impl Ring {
             map,
             frames,
             next: std::sync::atomic::AtomicUsize::new(0),
+            udp: udp.then(|| parking_lot::Mutex::new(vec![0; COPY_SLOT])),
         })
+    }
+
+    /// Whether this is the UDP transport's ring on loopback, whose frames
+    /// are read with [`Ring::datagram`].
+    pub(crate) fn carries_udp(&self) -> bool {
+        self.udp.is_some()
+    }
+
+    /// The datagram in `frame` of the UDP transport's ring, as a UDP
+    /// socket with GRO gives it: its sender, its payload (the payloads of
+    /// a GSO send's datagrams one after another), and how long each of
+    /// them is (the last may be shorter); handed to `f`, with None if the
+    /// frame holds no UDP datagram (it passed the filter, so something
+    /// was wrong with it) or its whole copy could not be had.
+    pub(crate) fn datagram<R>(
+        &self,
+        frame: &Filled<'_>,
+        f: impl FnOnce(Option<(std::net::SocketAddr, &[u8], usize)>) -> R,
+    ) -> R {
+        let Some(big) = &self.udp else {
+            return f(None);
+        };
+        if frame.copied {
+            // Queued whole as the frame was filled, so the next on the
+            // socket: a virtio-net header, then the IP packet.
+            let mut buf = big.lock();
+            // SAFETY: receives into `buf`, live and `buf.len()` long.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            let got = usize::try_from(n).ok().and_then(|n| buf.get(..n));
+            let ip = VNET_HDR + LO_LINK_HEADER as usize;
+            return f(got.and_then(|b| udp_datagram(b.get(ip..)?, gso_size(b))));
+        }
+        f(frame.bytes.and_then(|b| udp_datagram(b, frame.gso_size)))
     }
 
     /// The socket: poll(2) it to wait for a frame.
@@ -531,8 +632,11 @@ impl Ring {
         // A packet longer than the frame is cut to fit (`tp_snaplen` less
         // than `tp_len`): its IP header's length then exceeds the bytes,
         // and the NIC counts it as malformed.
+        // The packet the kernel copied begins at `tp_mac` (its link-layer
+        // header, on a raw socket) and is `tp_snaplen` long; its IP header
+        // at `tp_net`.
         let at = usize::from(hdr.tp_net);
-        let len = hdr.tp_snaplen as usize;
+        let len = (hdr.tp_snaplen as usize).saturating_sub(at.saturating_sub(hdr.tp_mac.into()));
         let bytes = at
             .checked_add(len)
             .is_some_and(|end| end <= FRAME_SIZE)
@@ -541,10 +645,22 @@ impl Ring {
                 // drops, which the slice's lifetime is tied to.
                 unsafe { std::slice::from_raw_parts(base.add(at), len) }
             });
+        // The virtio-net header, where there is one, lies just before the
+        // link-layer header.
+        let gso_size = match usize::from(hdr.tp_mac).checked_sub(VNET_HDR) {
+            Some(v) if self.udp.is_some() && v >= TPACKET2_HDRLEN => {
+                // SAFETY: within the frame, after its header, the user's
+                // until `Filled` drops.
+                gso_size(unsafe { std::slice::from_raw_parts(base.add(v), VNET_HDR) })
+            }
+            _ => 0,
+        };
         Some(Filled {
             ring: self,
             frame: i,
             bytes,
+            copied: hdr.tp_status & libc::TP_STATUS_COPY != 0,
+            gso_size,
         })
     }
 }
@@ -575,6 +691,12 @@ pub(crate) struct Filled<'a> {
     ring: &'a Ring,
     frame: usize,
     bytes: Option<&'a [u8]>,
+    /// The packet was longer than the frame and is queued whole on the
+    /// socket (the UDP transport's ring).
+    copied: bool,
+    /// The length of the datagrams of the GSO send in the frame (0: one
+    /// datagram), from the virtio-net header.
+    gso_size: usize,
 }
 
 impl Filled<'_> {
@@ -597,6 +719,66 @@ impl Drop for Filled<'_> {
             .next
             .store((self.frame + 1) % self.ring.frames, Ordering::Relaxed);
     }
+}
+
+/// A `tpacket2_hdr` and the link-layer address after it: where a frame's
+/// own data may begin.
+const TPACKET2_HDRLEN: usize = 32 + size_of::<libc::sockaddr_ll>();
+
+/// The link-layer header `lo` gives its packets (an Ethernet header's
+/// length), before the IP header.
+const LO_LINK_HEADER: u32 = 14;
+
+/// A virtio-net header's length (`struct virtio_net_hdr`).
+const VNET_HDR: usize = 10;
+
+/// Room for a packet queued whole on the UDP transport's ring socket: a
+/// virtio-net header and the largest IP packet.
+const COPY_SLOT: usize = VNET_HDR + 65_536;
+
+/// The GSO segment size a virtio-net header gives (little-endian, as a
+/// modern virtio-net header is), 0 if it describes no GSO packet.
+fn gso_size(vnet: &[u8]) -> usize {
+    match vnet.get(..6) {
+        // gso_type VIRTIO_NET_HDR_GSO_NONE (0): one datagram.
+        Some(h) if h[1] != 0 => usize::from(u16::from_le_bytes([h[4], h[5]])),
+        _ => 0,
+    }
+}
+
+/// The sender, the UDP payload and the datagram length (`gso_size`, or
+/// the whole payload's) of an IP packet holding a UDP datagram; None if it
+/// holds none, or its length does not match its bytes.
+fn udp_datagram(ip: &[u8], gso_size: usize) -> Option<(std::net::SocketAddr, &[u8], usize)> {
+    let (src, ip_len, total): (IpAddr, usize, usize) = match ip.first()? >> 4 {
+        4 => {
+            let src: [u8; 4] = ip.get(12..16)?.try_into().ok()?;
+            let total = usize::from(u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]));
+            (
+                Ipv4Addr::from(src).into(),
+                usize::from(ip[0] & 0x0F) * 4,
+                total,
+            )
+        }
+        6 => {
+            let src: [u8; 16] = ip.get(8..24)?.try_into().ok()?;
+            let payload = usize::from(u16::from_be_bytes([*ip.get(4)?, *ip.get(5)?]));
+            (Ipv6Addr::from(src).into(), 40, 40 + payload)
+        }
+        _ => return None,
+    };
+    if total != ip.len() || ip_len < 20 {
+        return None;
+    }
+    let udp = ip.get(ip_len..)?;
+    let port = u16::from_be_bytes([*udp.first()?, *udp.get(1)?]);
+    let payload = udp.get(8..)?;
+    let seg = if gso_size > 0 {
+        gso_size
+    } else {
+        payload.len().max(1)
+    };
+    Some((std::net::SocketAddr::new(src, port), payload, seg))
 }
 
 /// The IB packet (BTH through ICRC) of an IP packet the frame socket took
@@ -718,6 +900,76 @@ mod tests {
         p[40..42].copy_from_slice(&0xC123u16.to_be_bytes());
         p[42..44].copy_from_slice(&port.to_be_bytes());
         p
+    }
+
+    /// The filter moved past a link-layer header passes what it passed,
+    /// with the header before it, and only that: every load of the
+    /// packet's bytes moved, the loads of its metadata did not.
+    #[test]
+    fn past_a_link_header_the_filter_reads_the_same_fields() {
+        let (me4, me6) = (v4("10.0.0.1"), v6("fd00::1"));
+        let addrs = [IpAddr::V4(me4), IpAddr::V6(me6)];
+        let slot = QpnSlot { slot: 3, bits: 4 };
+        let raw = past_link_header(roce_filter(&addrs, Some(slot)).unwrap(), LO_LINK_HEADER);
+        let linked = |p: &[u8]| [&[0xAB; LO_LINK_HEADER as usize][..], p].concat();
+        let with_qp = |mut p: Vec<u8>, at: usize, qpn: u32| {
+            p[at + 5..at + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            p
+        };
+        for (p, meta, at) in [(udp4(me4, 4791), &IN4, 28), (udp6(me6, 4791), &IN6, 48)] {
+            let ours = with_qp(p.clone(), at, 0x3A_BCDE);
+            let theirs = with_qp(p.clone(), at, 0x4A_BCDE);
+            assert_ne!(run(&raw, &linked(&ours), meta), 0, "ours, after the header");
+            assert_eq!(run(&raw, &linked(&theirs), meta), 0, "another slot's");
+            assert_eq!(
+                run(&raw, &ours, meta),
+                0,
+                "no header: the fields are elsewhere"
+            );
+            let leaving = Meta {
+                pkttype: PACKET_OUTGOING,
+                ..*meta
+            };
+            assert_eq!(run(&raw, &linked(&ours), &leaving), 0, "leaving");
+        }
+    }
+
+    #[test]
+    fn a_udp_datagram_is_read_from_its_ip_packet() {
+        let from4 = "10.0.0.2:49443".parse().unwrap();
+        let p = udp4(v4("10.0.0.1"), 4791);
+        assert_eq!(udp_datagram(&p, 0), Some((from4, &p[28..], 64)));
+        // A GSO send's: its datagrams' length from the virtio-net header.
+        assert_eq!(udp_datagram(&p, 20), Some((from4, &p[28..], 20)));
+        let from6 = "[fd00::2]:49443".parse().unwrap();
+        let p = udp6(v6("fd00::1"), 4791);
+        assert_eq!(udp_datagram(&p, 0), Some((from6, &p[48..], 64)));
+        // The IP header's length and the bytes disagree: not taken.
+        let p = udp4(v4("10.0.0.1"), 4791);
+        assert_eq!(udp_datagram(&p[..p.len() - 1], 0), None);
+        let mut long = p.clone();
+        long.push(0);
+        assert_eq!(udp_datagram(&long, 0), None);
+        let p = udp6(v6("fd00::1"), 4791);
+        assert_eq!(udp_datagram(&p[..p.len() - 1], 0), None);
+        assert_eq!(udp_datagram(&p[..30], 0), None);
+        assert_eq!(udp_datagram(&[0x45], 0), None);
+        assert_eq!(udp_datagram(&[], 0), None);
+        // Neither IPv4 nor IPv6.
+        let mut v5 = udp4(v4("10.0.0.1"), 4791);
+        v5[0] = 0x55;
+        assert_eq!(udp_datagram(&v5, 0), None);
+    }
+
+    #[test]
+    fn the_virtio_net_header_gives_a_gso_sends_segment_size() {
+        // flags, gso_type, hdr_len, gso_size (little-endian), csum_start,
+        // csum_offset.
+        let udp_l4 = [0, 5, 42, 0, 0xE8, 0x03, 0, 0, 0, 0];
+        assert_eq!(gso_size(&udp_l4), 1000);
+        let none = [0, 0, 0, 0, 0xE8, 0x03, 0, 0, 0, 0];
+        assert_eq!(gso_size(&none), 0, "no GSO: one datagram");
+        assert_eq!(gso_size(&udp_l4[..5]), 0, "cut short");
     }
 
     fn v4(s: &str) -> Ipv4Addr {

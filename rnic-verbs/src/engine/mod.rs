@@ -142,7 +142,19 @@ impl Engine {
         } else {
             (None, false)
         };
-        let split = udp && !joined;
+        // On loopback, the NIC that holds its address may take packets in
+        // through a receive ring on `lo` (`RNIC_RING`, see `frames`).
+        let ring = if udp && !joined && config.ring && addr.is_loopback() {
+            crate::frames::open_loopback_udp(&[addr])
+                .inspect_err(|e| tracing::info!("no receive ring on lo, the socket instead: {e}"))
+                .ok()
+        } else {
+            None
+        };
+        // The NIC that holds its address receives the packets of every NIC
+        // on it, and hands the others' on.
+        let owner = udp && !joined;
+        let split = owner && ring.is_none();
         // Every NIC takes a slot of its address's (or interface's) QP
         // numbers: others may come to share it.
         let medium = iface.map_or_else(|| relay::udp_medium(addr, scope), |i| i.name.clone());
@@ -150,7 +162,7 @@ impl Engine {
         // The NIC that receives the packets of the address (UDP) or of QP 1
         // (the interface's slot 0) takes the others' connections; the others
         // connect to it.
-        let relays = split || (iface.is_some() && slot.slot == 0);
+        let relays = owner || (iface.is_some() && slot.slot == 0);
         let listener = relays.then(|| relay::listen(&medium)).transpose()?;
         let inbox = if joined {
             Some(relay::join(
@@ -174,6 +186,13 @@ impl Engine {
         } else {
             open_socket_shared(addr, ROCE_PORT, scope_of(addr), shared || split)?
         };
+        if ring.is_some() {
+            // Bound, receiving nothing: the ring takes each packet in. With
+            // GRO on, a GSO send reaches the filter whole rather than cut
+            // into datagrams first.
+            crate::frames::receive_nothing(&socket)?;
+            let _ = crate::udp::enable_gro(socket.as_fd());
+        }
         let responses = if split {
             let r = open_socket_shared(addr, ROCE_PORT, scope_of(addr), true)?;
             // Not steered until the engine thread leaves responses to pollers.
@@ -198,6 +217,7 @@ impl Engine {
             .map_err(|e| io::Error::other(e.to_string()))?;
         let mut loopback = None;
         let frames = match iface {
+            None => ring,
             Some(i) => {
                 // Other processes' NICs may be on this interface too: this
                 // one's frame socket takes only the packets to its QPs.
@@ -217,7 +237,6 @@ impl Engine {
                 }
                 Some(f)
             }
-            None => None,
         };
         // QP1's packets leave from the port the kernel's do, from a socket
         // every NIC on the address may share (nothing is sent to it).
@@ -257,7 +276,7 @@ impl Engine {
             (None, _) => Inbox::Unread,
         };
         let members = listener.as_ref().map(|l| l.try_clone()).transpose()?;
-        let relay = relay::Relay::new(slot, medium, split, members)?;
+        let relay = relay::Relay::new(slot, medium, owner, members)?;
         let mut state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, relay);
         state.gso = gso_default(addr, iface.is_some(), config.gso);
         let shared = Arc::new(Shared {

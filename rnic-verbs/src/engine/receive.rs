@@ -108,6 +108,13 @@ impl EngineState {
             for _ in 0..crate::udp::BATCH {
                 let Some(frame) = ring.next() else { break };
                 let now = *now.get_or_insert_with(|| self.now());
+                if ring.carries_udp() {
+                    ring.datagram(&frame, |d| {
+                        let message = d.map(|(from, p, seg)| (p.chunks(seg), Source::Udp(from)));
+                        self.message_in(rx, message, now, dst, &mut got);
+                    });
+                    continue;
+                }
                 let message = frame.bytes().map(|f| {
                     let p = crate::frames::ib_packet(f);
                     (p.chunks(p.len().max(1)), Source::Frame(f))
@@ -208,7 +215,7 @@ impl EngineState {
         }
         for payload in packets {
             got.packets += 1;
-            if let (Rx::Udp(_), Source::Udp(from)) = (rx, source) {
+            if let (Rx::Udp(_) | Rx::Frames(_), Source::Udp(from)) = (rx, source) {
                 if let Target::Slot(slot) = self.relay.target(payload) {
                     if self.relay.relay_udp(slot, from, payload) {
                         continue;
