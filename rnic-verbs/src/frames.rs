@@ -470,12 +470,18 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>, udp: bool) -> io
     Ok(ring)
 }
 
-/// Bytes per frame of a [`Ring`]: the ring header and the address the
-/// kernel writes before the packet (80 bytes), and a packet of up to 8,112
-/// bytes, more than a RoCE packet of the largest path MTU (4,096) with
-/// every header. A longer packet is cut there and counted as malformed,
-/// as a UDP receive slot cuts one.
+/// Bytes per frame of an interface's [`Ring`]: the ring header and the
+/// address the kernel writes before the packet (80 bytes), and a packet of
+/// up to 8,112 bytes, more than a RoCE packet of the largest path MTU
+/// (4,096) with every header. A longer packet is cut there and counted as
+/// malformed, as a UDP receive slot cuts one.
 const FRAME_SIZE: usize = 8192;
+
+/// Bytes per frame of the UDP transport's ring on loopback: what is longer
+/// (a GSO send, a packet of a 4,096-byte path MTU) is queued whole on the
+/// socket as well, so a frame needs room for small packets alone, and the
+/// ring holds four times as many of them.
+const UDP_FRAME_SIZE: usize = 2048;
 
 /// A frame socket's receive ring (`PACKET_RX_RING`, `TPACKET_V2`): frames
 /// in memory the socket and this process share, each handed over by a
@@ -494,6 +500,7 @@ pub(crate) struct Ring {
     fd: OwnedFd,
     map: std::ptr::NonNull<u8>,
     frames: usize,
+    frame_size: usize,
     /// The next frame to look at: the kernel fills them in order, wrapping.
     next: std::sync::atomic::AtomicUsize,
     /// The ring of the UDP transport on loopback ([`open_loopback_udp`]):
@@ -515,6 +522,7 @@ impl Ring {
     /// Set `fd` (a packet socket, not yet bound) up with a ring of `bytes`
     /// (rounded to whole frames) and map it.
     fn new(fd: OwnedFd, bytes: usize, udp: bool) -> io::Result<Ring> {
+        let frame_size = if udp { UDP_FRAME_SIZE } else { FRAME_SIZE };
         let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
         crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
         if udp {
@@ -527,13 +535,15 @@ impl Ring {
             crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_COPY_THRESH, &on)?;
             crate::udp::ask_recv_buffer(fd.as_fd());
         }
-        let frames = (bytes / FRAME_SIZE).max(1);
-        // One frame a block: a block is whole pages, and frames never
-        // straddle one.
+        // A block is whole pages, and frames never straddle one: a frame
+        // a block, or a page's worth of frames.
+        let block = frame_size.max(rustix::param::page_size());
+        let blocks = (bytes / block).max(1);
+        let frames = blocks * (block / frame_size);
         let req = libc::tpacket_req {
-            tp_block_size: FRAME_SIZE as libc::c_uint,
-            tp_block_nr: frames as libc::c_uint,
-            tp_frame_size: FRAME_SIZE as libc::c_uint,
+            tp_block_size: block as libc::c_uint,
+            tp_block_nr: blocks as libc::c_uint,
+            tp_frame_size: frame_size as libc::c_uint,
             tp_frame_nr: frames as libc::c_uint,
         };
         crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
@@ -542,7 +552,7 @@ impl Ring {
         let map = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
-                frames * FRAME_SIZE,
+                frames * frame_size,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::SHARED,
                 &fd,
@@ -555,6 +565,7 @@ impl Ring {
             fd,
             map,
             frames,
+            frame_size,
             next: std::sync::atomic::AtomicUsize::new(0),
             udp: udp.then(|| parking_lot::Mutex::new(vec![0; COPY_SLOT])),
         })
@@ -611,7 +622,7 @@ impl Ring {
         // with a `tpacket2_hdr`, whose first field is the u32 status, at a
         // page-aligned address; the kernel writes it with ordered stores,
         // this process only atomically.
-        unsafe { &*self.map.as_ptr().add(i * FRAME_SIZE).cast() }
+        unsafe { &*self.map.as_ptr().add(i * self.frame_size).cast() }
     }
 
     /// The next frame the kernel has filled, if it has: the caller reads
@@ -623,7 +634,7 @@ impl Ring {
         if self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
             return None;
         }
-        let base = self.map.as_ptr().wrapping_add(i * FRAME_SIZE);
+        let base = self.map.as_ptr().wrapping_add(i * self.frame_size);
         // SAFETY: the frame is the user's (status above) until `Filled`
         // hands it back: the kernel writes none of it meanwhile. Its
         // header is a `tpacket2_hdr` the kernel wrote; u32 and u16 fields
@@ -639,7 +650,7 @@ impl Ring {
         let len = (hdr.tp_snaplen as usize).saturating_sub(at.saturating_sub(hdr.tp_mac.into()));
         let bytes = at
             .checked_add(len)
-            .is_some_and(|end| end <= FRAME_SIZE)
+            .is_some_and(|end| end <= self.frame_size)
             .then(|| {
                 // SAFETY: within the frame (checked), the user's until `Filled`
                 // drops, which the slice's lifetime is tied to.
@@ -680,7 +691,7 @@ impl Drop for Ring {
         // SAFETY: the mapping `new` made, of this length; no `Filled`
         // outlives the ring (it borrows it).
         unsafe {
-            let _ = rustix::mm::munmap(self.map.as_ptr().cast(), self.frames * FRAME_SIZE);
+            let _ = rustix::mm::munmap(self.map.as_ptr().cast(), self.frames * self.frame_size);
         }
     }
 }
