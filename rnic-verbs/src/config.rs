@@ -83,14 +83,14 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "RNIC_RING",
-        default: "off",
-        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (an AF_PACKET socket on `lo`; needs CAP_NET_RAW, else the socket as before): a receive is no system call.",
+        default: "on where the process has CAP_NET_RAW",
+        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (a packet socket on `lo`, which needs CAP_NET_RAW; without it, the UDP socket): a receive is no system call.",
         read_by: ReadBy::Device,
     },
     Variable {
         name: "RNIC_RESPONSE_SOCKET",
         default: "off",
-        meaning: "`on` or `off`: take RC responses in on a second socket while the engine thread watches for a program that spins on memory.",
+        meaning: "`on` or `off`: take RC responses in on a second socket while the engine thread watches for a program that spins on memory (on the UDP socket, not through a receive ring).",
         read_by: ReadBy::Device,
     },
     Variable {
@@ -184,7 +184,8 @@ pub struct Config {
     /// (`None`: on loopback with the UDP transport only).
     pub gso: Option<bool>,
     /// `RNIC_RING`: on loopback with the UDP transport, packets come in
-    /// through a receive ring on `lo` where the process may open one.
+    /// through a receive ring on `lo` where the process may open one (on
+    /// by default).
     pub ring: bool,
     /// `RNIC_RESPONSE_SOCKET`: RC responses steered to a socket of their
     /// own while the engine thread stays for a program.
@@ -205,7 +206,7 @@ impl Default for Config {
             pcap: None,
             impair: None,
             gso: None,
-            ring: false,
+            ring: true,
             response_socket: false,
             priority: Priority::Realtime,
             linger_window: LINGER_WINDOW,
@@ -268,7 +269,7 @@ impl Config {
             pcap: get("RNIC_PCAP").map(PathBuf::from),
             impair,
             gso: on_off("RNIC_GSO")?,
-            ring: on_off("RNIC_RING")?.unwrap_or(false),
+            ring: on_off("RNIC_RING")?.unwrap_or(true),
             response_socket: on_off("RNIC_RESPONSE_SOCKET")?.unwrap_or(false),
             priority: Priority::parse(text("RNIC_ENGINE_PRIORITY")?.as_deref())?,
             linger_window,
@@ -346,7 +347,7 @@ mod tests {
             ("RNIC_PCAP", "/tmp/x.pcap"),
             ("RNIC_IMPAIR", "loss=5%"),
             ("RNIC_GSO", "off"),
-            ("RNIC_RING", "on"),
+            ("RNIC_RING", "off"),
             ("RNIC_RESPONSE_SOCKET", "on"),
             ("RNIC_ENGINE_PRIORITY", "normal"),
             ("RNIC_BUSY_POLL_US", "0"),
@@ -357,7 +358,7 @@ mod tests {
         assert_eq!(c.pcap, Some(PathBuf::from("/tmp/x.pcap")));
         assert!(c.impair.is_some());
         assert_eq!(c.gso, Some(false));
-        assert!(c.ring);
+        assert!(!c.ring);
         assert!(c.response_socket);
         assert_eq!(c.priority, Priority::Normal);
         assert_eq!(c.linger_window, 0);

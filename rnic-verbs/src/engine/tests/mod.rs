@@ -19,6 +19,10 @@ mod held;
 mod watching;
 
 impl Engine {
+    /// Whether packets come in through a receive ring (see `frames`).
+    pub fn has_ring(&self) -> bool {
+        self.shared.frames.is_some()
+    }
     /// Whether the engine thread is asleep away from the socket.
     pub fn is_away(&self) -> bool {
         self.shared.away.load(Ordering::SeqCst)
@@ -169,9 +173,22 @@ pub(super) struct Pair {
 }
 
 pub(super) fn pair() -> Pair {
+    pair_with(&Config::from_env().unwrap())
+}
+
+/// A pair whose NICs take packets in from their UDP sockets, not a
+/// receive ring: for what the engine does with a socket alone.
+pub(super) fn pair_on_sockets() -> Pair {
+    pair_with(&Config {
+        ring: false,
+        ..Config::from_env().unwrap()
+    })
+}
+
+fn pair_with(config: &Config) -> Pair {
     let (a, b) = (
-        Device::open_loopback().unwrap(),
-        Device::open_loopback().unwrap(),
+        Device::open_loopback_with(config).unwrap(),
+        Device::open_loopback_with(config).unwrap(),
     );
     let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
     let chan = a.create_comp_channel().unwrap();
@@ -355,7 +372,15 @@ pub(super) const TEST_AWAY: u64 = 50_000_000;
 /// A pair whose a's engine thread has left the socket to this thread,
 /// coming back TEST_AWAY after the last poll or post.
 pub(super) fn pair_away() -> Pair {
-    let p = pair();
+    away(pair())
+}
+
+/// [`pair_away`] on sockets ([`pair_on_sockets`]).
+pub(super) fn pair_away_on_sockets() -> Pair {
+    away(pair_on_sockets())
+}
+
+fn away(p: Pair) -> Pair {
     p.a.engine.set_away_max(TEST_AWAY);
     p.until_away();
     p

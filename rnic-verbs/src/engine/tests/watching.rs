@@ -79,7 +79,7 @@ fn responses_are_not_steered_apart_by_default() {
     if std::env::var_os("RNIC_RESPONSE_SOCKET").is_some() {
         return;
     }
-    let p = pair_away();
+    let p = pair_away_on_sockets();
     let stays = p.a.engine.stays();
     p.write();
     p.sent();
@@ -100,7 +100,8 @@ fn responses_are_not_steered_apart_by_default() {
 /// (see `engine::shared`).
 #[test]
 fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
-    let p = pair_away();
+    // Steering needs the socket pair of port 4791: no receive ring.
+    let p = pair_away_on_sockets();
     p.a.engine.steer_when_staying(true);
     let mut tries = 0;
     loop {
@@ -161,8 +162,8 @@ fn responses_are_left_to_pollers_while_the_engine_watches_for_requests() {
 #[test]
 fn responses_keep_their_order_when_steering_starts_and_stops() {
     // An engine thread away from the socket: what arrives waits for
-    // this thread's polls.
-    let p = pair_away();
+    // this thread's polls (on the socket pair: no receive ring).
+    let p = pair_away_on_sockets();
     let d = &p.a;
     let addr = d.addr();
     let tap = d.tap().unwrap();
