@@ -410,13 +410,20 @@ pub(crate) fn open_loopback(
 /// datagram (or a GSO send's, which loopback carries whole) read as a UDP
 /// socket would give it, with no system call ([`Ring::datagram`]). The
 /// NIC's UDP socket stays bound but receives nothing.
-pub(crate) fn open_loopback_udp(addrs: &[IpAddr]) -> io::Result<Ring> {
+///
+/// A kernel that cannot describe a GSO send in a virtio-net header (UDP
+/// segmentation there came with Linux 6.2) drops such a send rather than
+/// put it in the ring: the ring is first shown one, and is an error if it
+/// does not hand it over.
+pub(crate) fn open_loopback_udp(addr: IpAddr) -> io::Result<Ring> {
     // SAFETY: a valid C string.
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
     if lo == 0 {
         return Err(io::Error::last_os_error());
     }
-    open_on(lo, addrs, None, true)
+    let ring = open_on(lo, &[addr], None, true)?;
+    ring.takes_gso_sends(addr)?;
+    Ok(ring)
 }
 
 fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>, udp: bool) -> io::Result<Ring> {
@@ -569,6 +576,43 @@ impl Ring {
             next: std::sync::atomic::AtomicUsize::new(0),
             udp: udp.then(|| parking_lot::Mutex::new(vec![0; COPY_SLOT])),
         })
+    }
+
+    /// Send a GSO send of two datagrams to `addr` port 4791 (before the
+    /// NIC's socket is bound there: nothing else takes it) and see it come
+    /// through the ring whole, its datagrams' length told; an error if it
+    /// does not within 200 ms. Frames before it (a peer's packet to an
+    /// address that had no NIC yet) are dropped.
+    fn takes_gso_sends(&self, addr: IpAddr) -> io::Result<()> {
+        const SEG: usize = 16;
+        let probe = UdpSocket::bind((addr, 0))?;
+        let seg = SEG as libc::c_int;
+        crate::udp::set_option(probe.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, &seg)?;
+        probe.send_to(&[0x5A; 2 * SEG], (addr, rnic_wire::ROCE_V2_PORT))?;
+        let from = probe.local_addr()?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        loop {
+            while let Some(frame) = self.next() {
+                let seen = self.datagram(&frame, |d| {
+                    d.is_some_and(|(src, p, seg)| src == from && p.len() == 2 * SEG && seg == SEG)
+                });
+                if seen {
+                    return Ok(());
+                }
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::other(
+                    "the kernel hands no GSO send to a packet ring (it describes none in a virtio-net header)",
+                ));
+            }
+            let mut fds = [rustix::event::PollFd::new(
+                &self.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let t = rustix::event::Timespec::try_from(left).unwrap_or_default();
+            let _ = rustix::event::poll(&mut fds, Some(&t));
+        }
     }
 
     /// Whether this is the UDP transport's ring on loopback, whose frames
@@ -970,6 +1014,25 @@ mod tests {
         let mut v5 = udp4(v4("10.0.0.1"), 4791);
         v5[0] = 0x55;
         assert_eq!(udp_datagram(&v5, 0), None);
+    }
+
+    /// The UDP transport's ring is shown a GSO send before it is used,
+    /// and is refused where it does not hand one over whole with its
+    /// datagrams' length: a ring without virtio-net headers, here, as a
+    /// kernel that cannot describe one would drop it. Needs CAP_NET_RAW.
+    #[test]
+    fn a_ring_that_does_not_hand_over_a_gso_send_is_refused() {
+        let addr = crate::reserve_loopback().unwrap();
+        // SAFETY: a valid C string.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        let Ok(ring) = open_on(lo, &[addr], None, true) else {
+            eprintln!("SKIPPED: no packet socket (CAP_NET_RAW is needed)");
+            assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
+            return;
+        };
+        ring.takes_gso_sends(addr).unwrap();
+        let plain = open_on(lo, &[addr], None, false).unwrap();
+        assert!(plain.takes_gso_sends(addr).is_err());
     }
 
     #[test]

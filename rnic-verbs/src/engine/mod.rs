@@ -145,7 +145,7 @@ impl Engine {
         // On loopback, the NIC that holds its address may take packets in
         // through a receive ring on `lo` (`RNIC_RING`, see `frames`).
         let ring = if udp && !joined && config.ring && addr.is_loopback() {
-            crate::frames::open_loopback_udp(&[addr])
+            crate::frames::open_loopback_udp(addr)
                 .inspect_err(|e| tracing::info!("no receive ring on lo, the socket instead: {e}"))
                 .ok()
         } else {
