@@ -126,10 +126,15 @@ impl QpnSlot {
 }
 
 /// The filter for an IP-level packet socket: IPv4 or IPv6, arriving (not
-/// leaving), UDP, to one of `addrs`, destination port 4791, not a fragment,
-/// and to a QP of `slot` if given; everything else is dropped in the
-/// kernel.
-fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::sock_filter>> {
+/// leaving), UDP, to one of `addrs`, destination port `port` (4791, but
+/// for a ring being shown a GSO send, see [`open_probed`]), not a
+/// fragment, and to a QP of `slot` if given; everything else is dropped in
+/// the kernel.
+fn port_filter(
+    addrs: &[IpAddr],
+    slot: Option<QpnSlot>,
+    port: u16,
+) -> io::Result<Vec<libc::sock_filter>> {
     let mut p = Program::default();
     let (drop, accept, v6, port4) = (p.label(), p.label(), p.label(), p.label());
     let (qpn4, qpn6) = (p.label(), p.label());
@@ -156,12 +161,7 @@ fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::
     p.here(port4);
     p.put(LDX_B_MSH, 0); // X = header length
     p.put(LD_H_IND, 2); // UDP destination port
-    p.jump(
-        JEQ_K,
-        u32::from(rnic_wire::ROCE_V2_PORT),
-        Some(qpn4),
-        Some(drop),
-    );
+    p.jump(JEQ_K, u32::from(port), Some(qpn4), Some(drop));
     // IPv6: version 6, next header UDP, to one of ours, port 4791.
     p.here(v6);
     p.put(LD_B_ABS, 0);
@@ -170,7 +170,7 @@ fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::
     p.put(LD_B_ABS, 6);
     p.jump(JEQ_K, u32::from(libc::IPPROTO_UDP as u8), None, Some(drop));
     p.put(LD_H_ABS, 40 + 2);
-    p.jump(JEQ_K, u32::from(rnic_wire::ROCE_V2_PORT), None, Some(drop));
+    p.jump(JEQ_K, u32::from(port), None, Some(drop));
     for a in addrs {
         if let IpAddr::V6(a) = a {
             let next = p.label();
@@ -385,7 +385,7 @@ pub const SLOT_BITS: u32 = 4;
 /// The packet socket on an interface, filtered to the RoCE v2 packets
 /// for `addrs` (the NIC's).
 pub(crate) fn open(iface: &Interface, addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Ring> {
-    open_on(iface.index, addrs, slot, false)
+    open_on(iface.index, addrs, slot, false, rnic_wire::ROCE_V2_PORT)
 }
 
 /// The same on `lo`, unless `iface` is `lo` itself: what this host sends
@@ -402,7 +402,7 @@ pub(crate) fn open_loopback(
     if lo == 0 || lo == iface.index {
         return Ok(None);
     }
-    open_on(lo, addrs, slot, false).map(Some)
+    open_on(lo, addrs, slot, false, rnic_wire::ROCE_V2_PORT).map(Some)
 }
 
 /// The UDP transport's ring on loopback: the packets to `addrs` (loopback
@@ -421,12 +421,49 @@ pub(crate) fn open_loopback_udp(addr: IpAddr) -> io::Result<Ring> {
     if lo == 0 {
         return Err(io::Error::last_os_error());
     }
-    let ring = open_on(lo, &[addr], None, true)?;
-    ring.takes_gso_sends(addr)?;
+    open_probed(lo, addr, true)
+}
+
+/// A ring on `lo` (the UDP transport's if `udp`) for port 4791 of `addr`,
+/// shown a GSO send first ([`Ring::takes_gso_sends`]). The send goes to a
+/// port of `addr` a socket here holds, which the ring's filter passes
+/// until it is shown it: never to port 4791, where a capture would show a
+/// packet that is not RoCE.
+fn open_probed(lo: u32, addr: IpAddr, udp: bool) -> io::Result<Ring> {
+    let target = UdpSocket::bind((addr, 0))?;
+    let to = target.local_addr()?;
+    let ring = open_on(lo, &[addr], None, udp, to.port())?;
+    ring.takes_gso_sends(to)?;
+    attach(
+        ring.fd(),
+        &ring_filter(&[addr], None, udp, rnic_wire::ROCE_V2_PORT)?,
+    )?;
     Ok(ring)
 }
 
-fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>, udp: bool) -> io::Result<Ring> {
+/// The filter of a ring for UDP port `port` of `addrs` (see
+/// [`port_filter`]), for the UDP transport's raw socket if `udp`.
+fn ring_filter(
+    addrs: &[IpAddr],
+    slot: Option<QpnSlot>,
+    udp: bool,
+    port: u16,
+) -> io::Result<Vec<libc::sock_filter>> {
+    let filter = port_filter(addrs, slot, port)?;
+    Ok(if udp {
+        past_link_header(filter, LO_LINK_HEADER)
+    } else {
+        filter
+    })
+}
+
+fn open_on(
+    index: u32,
+    addrs: &[IpAddr],
+    slot: Option<QpnSlot>,
+    udp: bool,
+    port: u16,
+) -> io::Result<Ring> {
     let proto = (libc::ETH_P_ALL as u16).to_be();
     // SAFETY: plain socket(2); the descriptor is owned below.
     let raw = unsafe {
@@ -450,13 +487,7 @@ fn open_on(index: u32, addrs: &[IpAddr], slot: Option<QpnSlot>, udp: bool) -> io
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     // The filter and the ring go on before the bind: no packet is queued
     // unfiltered, or anywhere but in the ring.
-    let filter = roce_filter(addrs, slot)?;
-    let filter = if udp {
-        past_link_header(filter, LO_LINK_HEADER)
-    } else {
-        filter
-    };
-    attach(fd.as_fd(), &filter)?;
+    attach(fd.as_fd(), &ring_filter(addrs, slot, udp, port)?)?;
     let ring = Ring::new(fd, crate::udp::SOCKET_BUFFER, udp)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -578,17 +609,16 @@ impl Ring {
         })
     }
 
-    /// Send a GSO send of two datagrams to `addr` port 4791 (before the
-    /// NIC's socket is bound there: nothing else takes it) and see it come
-    /// through the ring whole, its datagrams' length told; an error if it
-    /// does not within 200 ms. Frames before it (a peer's packet to an
-    /// address that had no NIC yet) are dropped.
-    fn takes_gso_sends(&self, addr: IpAddr) -> io::Result<()> {
+    /// Send a GSO send of two datagrams to `to` (a port the ring's filter
+    /// passes, see [`open_probed`]) and see it come through the ring
+    /// whole, its datagrams' length told; an error if it does not within
+    /// 200 ms.
+    fn takes_gso_sends(&self, to: std::net::SocketAddr) -> io::Result<()> {
         const SEG: usize = 16;
-        let probe = UdpSocket::bind((addr, 0))?;
+        let probe = UdpSocket::bind((to.ip(), 0))?;
         let seg = SEG as libc::c_int;
         crate::udp::set_option(probe.as_fd(), libc::SOL_UDP, libc::UDP_SEGMENT, &seg)?;
-        probe.send_to(&[0x5A; 2 * SEG], (addr, rnic_wire::ROCE_V2_PORT))?;
+        probe.send_to(&[0x5A; 2 * SEG], to)?;
         let from = probe.local_addr()?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
         loop {
@@ -854,6 +884,11 @@ pub(crate) fn ib_packet(ip_packet: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    /// The filter for port 4791.
+    fn roce_filter(addrs: &[IpAddr], slot: Option<QpnSlot>) -> io::Result<Vec<libc::sock_filter>> {
+        port_filter(addrs, slot, rnic_wire::ROCE_V2_PORT)
+    }
+
     /// What the kernel knows of a packet beside its bytes.
     struct Meta {
         protocol: u16,
@@ -1025,14 +1060,13 @@ mod tests {
         let addr = crate::reserve_loopback().unwrap();
         // SAFETY: a valid C string.
         let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
-        let Ok(ring) = open_on(lo, &[addr], None, true) else {
+        if open_on(lo, &[addr], None, true, 4791).is_err() {
             eprintln!("SKIPPED: no packet socket (CAP_NET_RAW is needed)");
             assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
             return;
-        };
-        ring.takes_gso_sends(addr).unwrap();
-        let plain = open_on(lo, &[addr], None, false).unwrap();
-        assert!(plain.takes_gso_sends(addr).is_err());
+        }
+        open_probed(lo, addr, true).unwrap();
+        assert!(open_probed(lo, addr, false).is_err());
     }
 
     #[test]
