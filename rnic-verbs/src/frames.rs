@@ -397,8 +397,7 @@ pub(crate) fn open_loopback(
     addrs: &[IpAddr],
     slot: Option<QpnSlot>,
 ) -> io::Result<Option<Ring>> {
-    // SAFETY: a valid C string.
-    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    let lo = lo_index();
     if lo == 0 || lo == iface.index {
         return Ok(None);
     }
@@ -416,12 +415,17 @@ pub(crate) fn open_loopback(
 /// put it in the ring: the ring is first shown one, and is an error if it
 /// does not hand it over.
 pub(crate) fn open_loopback_udp(addr: IpAddr) -> io::Result<Ring> {
-    // SAFETY: a valid C string.
-    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    let lo = lo_index();
     if lo == 0 {
         return Err(io::Error::last_os_error());
     }
     open_probed(lo, addr, true)
+}
+
+/// The index of `lo` (0 if there is none).
+fn lo_index() -> u32 {
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(c"lo".as_ptr()) }
 }
 
 /// A ring on `lo` (the UDP transport's if `udp`) for port 4791 of `addr`,
@@ -694,8 +698,9 @@ impl Ring {
     fn status(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
         // SAFETY: frame `i` (< `frames`) lies within the mapping and begins
         // with a `tpacket2_hdr`, whose first field is the u32 status, at a
-        // page-aligned address; the kernel writes it with ordered stores,
-        // this process only atomically.
+        // multiple of the frame size from the page-aligned mapping (so
+        // aligned); the kernel writes it with ordered stores, this process
+        // only atomically.
         unsafe { &*self.map.as_ptr().add(i * self.frame_size).cast() }
     }
 
@@ -711,15 +716,15 @@ impl Ring {
         let base = self.map.as_ptr().wrapping_add(i * self.frame_size);
         // SAFETY: the frame is the user's (status above) until `Filled`
         // hands it back: the kernel writes none of it meanwhile. Its
-        // header is a `tpacket2_hdr` the kernel wrote; u32 and u16 fields
-        // at their natural alignment in a page-aligned frame.
+        // header is a `tpacket2_hdr` the kernel wrote, at a frame's start
+        // (a multiple of the frame size into a page-aligned mapping), its
+        // u32 and u16 fields at their natural alignment.
         let hdr = unsafe { std::ptr::read(base.cast::<libc::tpacket2_hdr>()) };
-        // A packet longer than the frame is cut to fit (`tp_snaplen` less
-        // than `tp_len`): its IP header's length then exceeds the bytes,
-        // and the NIC counts it as malformed.
         // The packet the kernel copied begins at `tp_mac` (its link-layer
         // header, on a raw socket) and is `tp_snaplen` long; its IP header
-        // at `tp_net`.
+        // at `tp_net`. A packet longer than the frame is cut to fit
+        // (`tp_snaplen` less than `tp_len`): its IP header's length then
+        // exceeds the bytes, and the NIC counts it as malformed.
         let at = usize::from(hdr.tp_net);
         let len = (hdr.tp_snaplen as usize).saturating_sub(at.saturating_sub(hdr.tp_mac.into()));
         let bytes = at
@@ -1058,8 +1063,7 @@ mod tests {
     #[test]
     fn a_ring_that_does_not_hand_over_a_gso_send_is_refused() {
         let addr = crate::reserve_loopback().unwrap();
-        // SAFETY: a valid C string.
-        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        let lo = lo_index();
         if open_on(lo, &[addr], None, true, 4791).is_err() {
             eprintln!("SKIPPED: no packet socket (CAP_NET_RAW is needed)");
             assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());

@@ -263,9 +263,13 @@ impl Engine {
         // Packets of QPs without a port of their own leave from 4791 (from
         // the NIC's own port, on an address it shares).
         nic.set_udp_source_port(Some(socket.local_addr()?.port()));
-        // On the UDP transport a peer's GSO send arrives whole where the
-        // kernel can (GRO), one receive for what took one send.
-        let rx = if split && crate::udp::enable_gro(socket.as_fd()).is_ok() {
+        // A NIC that takes packets in through a ring and has no inbox
+        // receives nothing into a batch: it gets one with no room. On the
+        // UDP transport a peer's GSO send arrives whole where the kernel
+        // can (GRO), one receive for what took one send.
+        let rx = if frames.is_some() && inbox.is_none() {
+            crate::udp::RecvBatch::unallocated()
+        } else if split && crate::udp::enable_gro(socket.as_fd()).is_ok() {
             crate::udp::RecvBatch::with_gro()
         } else {
             crate::udp::RecvBatch::new()

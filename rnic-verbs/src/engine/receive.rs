@@ -48,6 +48,12 @@ impl<'a> Rx<'a> {
 /// is not a packet at all.
 type Message<'a> = Option<(std::slice::Chunks<'a, u8>, Source<'a>)>;
 
+/// The message of a frame (an IP packet): its IB packet, whole.
+fn frame_message(f: &[u8]) -> (std::slice::Chunks<'_, u8>, Source<'_>) {
+    let p = crate::frames::ib_packet(f);
+    (p.chunks(p.len().max(1)), Source::Frame(f))
+}
+
 /// Where one received packet came from.
 #[derive(Debug, Clone, Copy)]
 enum Source<'a> {
@@ -115,11 +121,7 @@ impl EngineState {
                     });
                     continue;
                 }
-                let message = frame.bytes().map(|f| {
-                    let p = crate::frames::ib_packet(f);
-                    (p.chunks(p.len().max(1)), Source::Frame(f))
-                });
-                self.message_in(rx, message, now, dst, &mut got);
+                self.message_in(rx, frame.bytes().map(frame_message), now, dst, &mut got);
             }
         } else {
             // ICMP errors from earlier sends (port unreachable) surface here
@@ -147,10 +149,7 @@ impl EngineState {
                         Some(Relayed::Udp(from, p)) => {
                             Some((p.chunks(p.len().max(1)), Source::Udp(from)))
                         }
-                        Some(Relayed::Frame(f)) => {
-                            let p = crate::frames::ib_packet(f);
-                            Some((p.chunks(p.len().max(1)), Source::Frame(f)))
-                        }
+                        Some(Relayed::Frame(f)) => Some(frame_message(f)),
                         None => None,
                     },
                     Rx::Frames(_) => None,
