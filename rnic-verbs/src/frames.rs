@@ -492,7 +492,16 @@ fn open_on(
     // The filter and the ring go on before the bind: no packet is queued
     // unfiltered, or anywhere but in the ring.
     attach(fd.as_fd(), &ring_filter(addrs, slot, udp, port)?)?;
-    let ring = Ring::new(fd, crate::udp::SOCKET_BUFFER, udp)?;
+    // What this host sends is not this ring's (the filter drops it too):
+    // not even copied for it to look at (Linux 4.20).
+    let on: libc::c_int = 1;
+    let _ = crate::udp::set_option(
+        fd.as_fd(),
+        libc::SOL_PACKET,
+        libc::PACKET_IGNORE_OUTGOING,
+        &on,
+    );
+    let ring = Ring::new(fd, udp)?;
     // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -519,11 +528,23 @@ fn open_on(
 /// malformed, as a UDP receive slot cuts one.
 const FRAME_SIZE: usize = 8192;
 
-/// Bytes per frame of the UDP transport's ring on loopback: what is longer
-/// (a GSO send, a packet of a 4,096-byte path MTU) is queued whole on the
-/// socket as well, so a frame needs room for small packets alone, and the
-/// ring holds four times as many of them.
-const UDP_FRAME_SIZE: usize = 2048;
+/// Bytes per frame of the UDP transport's ring on loopback: the ring
+/// header, the address and the virtio-net header before the packet (90
+/// bytes), and one packet of the largest path MTU (4,096) with every
+/// header, IPv6 included (4,180 bytes at most). Such a packet that did not
+/// fit would be cut in the ring and also queued whole on the socket, the
+/// kernel copying it twice and the NIC taking it with a system call: every
+/// packet of a stream at a 2,048- or 4,096-byte MTU. What is longer still
+/// (a GSO send, which loopback carries whole) goes that way.
+const UDP_FRAME_SIZE: usize = 4352;
+
+/// Bytes per block of the UDP transport's ring: fifteen frames and 256
+/// bytes to spare (frames never straddle a block).
+const UDP_BLOCK_SIZE: usize = 64 << 10;
+
+/// Bytes of the UDP transport's ring: 1,920 frames, as many packets as a
+/// UDP socket's receive buffer holds of small ones.
+const UDP_RING_SIZE: usize = 8 << 20;
 
 /// A frame socket's receive ring (`PACKET_RX_RING`, `TPACKET_V2`): frames
 /// in memory the socket and this process share, each handed over by a
@@ -543,6 +564,10 @@ pub(crate) struct Ring {
     map: std::ptr::NonNull<u8>,
     frames: usize,
     frame_size: usize,
+    /// Frames per block: a block's frames lie one after another from its
+    /// start, and what is left of it after them is not used.
+    frames_per_block: usize,
+    block_size: usize,
     /// The next frame to look at: the kernel fills them in order, wrapping.
     next: std::sync::atomic::AtomicUsize,
     /// The ring of the UDP transport on loopback ([`open_loopback_udp`]):
@@ -561,10 +586,17 @@ unsafe impl Send for Ring {}
 unsafe impl Sync for Ring {}
 
 impl Ring {
-    /// Set `fd` (a packet socket, not yet bound) up with a ring of `bytes`
-    /// (rounded to whole frames) and map it.
-    fn new(fd: OwnedFd, bytes: usize, udp: bool) -> io::Result<Ring> {
-        let frame_size = if udp { UDP_FRAME_SIZE } else { FRAME_SIZE };
+    /// Set `fd` (a packet socket, not yet bound) up with a ring (the UDP
+    /// transport's if `udp`) and map it.
+    fn new(fd: OwnedFd, udp: bool) -> io::Result<Ring> {
+        // A block is whole pages, and frames never straddle one: a frame
+        // a block, or a page's worth of frames, for an interface's ring.
+        let (frame_size, block, bytes) = if udp {
+            (UDP_FRAME_SIZE, UDP_BLOCK_SIZE, UDP_RING_SIZE)
+        } else {
+            let block = FRAME_SIZE.max(rustix::param::page_size());
+            (FRAME_SIZE, block, crate::udp::SOCKET_BUFFER)
+        };
         let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
         crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VERSION, &version)?;
         if udp {
@@ -577,11 +609,9 @@ impl Ring {
             crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_COPY_THRESH, &on)?;
             crate::udp::ask_recv_buffer(fd.as_fd());
         }
-        // A block is whole pages, and frames never straddle one: a frame
-        // a block, or a page's worth of frames.
-        let block = frame_size.max(rustix::param::page_size());
         let blocks = (bytes / block).max(1);
-        let frames = blocks * (block / frame_size);
+        let frames_per_block = block / frame_size;
+        let frames = blocks * frames_per_block;
         let req = libc::tpacket_req {
             tp_block_size: block as libc::c_uint,
             tp_block_nr: blocks as libc::c_uint,
@@ -594,7 +624,7 @@ impl Ring {
         let map = unsafe {
             rustix::mm::mmap(
                 std::ptr::null_mut(),
-                frames * frame_size,
+                blocks * block,
                 rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
                 rustix::mm::MapFlags::SHARED,
                 &fd,
@@ -608,6 +638,8 @@ impl Ring {
             map,
             frames,
             frame_size,
+            frames_per_block,
+            block_size: block,
             next: std::sync::atomic::AtomicUsize::new(0),
             udp: udp.then(|| parking_lot::Mutex::new(vec![0; COPY_SLOT])),
         })
@@ -694,14 +726,25 @@ impl Ring {
         self.fd.as_fd()
     }
 
+    /// Where frame `i` begins in the mapping.
+    fn frame_at(&self, i: usize) -> usize {
+        (i / self.frames_per_block) * self.block_size
+            + (i % self.frames_per_block) * self.frame_size
+    }
+
+    /// The mapping's length: every block, whole.
+    fn map_len(&self) -> usize {
+        self.frames / self.frames_per_block * self.block_size
+    }
+
     /// The status word of frame `i`.
     fn status(&self, i: usize) -> &std::sync::atomic::AtomicU32 {
         // SAFETY: frame `i` (< `frames`) lies within the mapping and begins
-        // with a `tpacket2_hdr`, whose first field is the u32 status, at a
-        // multiple of the frame size from the page-aligned mapping (so
-        // aligned); the kernel writes it with ordered stores, this process
+        // with a `tpacket2_hdr`, whose first field is the u32 status, at
+        // whole blocks and frames from the page-aligned mapping (both
+        // multiples of 16, so aligned); the kernel writes it with ordered stores, this process
         // only atomically.
-        unsafe { &*self.map.as_ptr().add(i * self.frame_size).cast() }
+        unsafe { &*self.map.as_ptr().add(self.frame_at(i)).cast() }
     }
 
     /// The next frame the kernel has filled, if it has: the caller reads
@@ -713,12 +756,12 @@ impl Ring {
         if self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
             return None;
         }
-        let base = self.map.as_ptr().wrapping_add(i * self.frame_size);
+        let base = self.map.as_ptr().wrapping_add(self.frame_at(i));
         // SAFETY: the frame is the user's (status above) until `Filled`
         // hands it back: the kernel writes none of it meanwhile. Its
         // header is a `tpacket2_hdr` the kernel wrote, at a frame's start
-        // (a multiple of the frame size into a page-aligned mapping), its
-        // u32 and u16 fields at their natural alignment.
+        // (see `status`: aligned to 16 bytes), its u32 and u16 fields at
+        // their natural alignment.
         let hdr = unsafe { std::ptr::read(base.cast::<libc::tpacket2_hdr>()) };
         // The packet the kernel copied begins at `tp_mac` (its link-layer
         // header, on a raw socket) and is `tp_snaplen` long; its IP header
@@ -770,7 +813,7 @@ impl Drop for Ring {
         // SAFETY: the mapping `new` made, of this length; no `Filled`
         // outlives the ring (it borrows it).
         unsafe {
-            let _ = rustix::mm::munmap(self.map.as_ptr().cast(), self.frames * self.frame_size);
+            let _ = rustix::mm::munmap(self.map.as_ptr().cast(), self.map_len());
         }
     }
 }
@@ -1071,6 +1114,52 @@ mod tests {
         }
         open_probed(lo, addr, true).unwrap();
         assert!(open_probed(lo, addr, false).is_err());
+    }
+
+    #[test]
+    fn a_packet_of_the_largest_path_mtu_lies_whole_in_a_frame_of_the_udp_ring() {
+        // BTH, RETH, immediate data, 4,096 bytes and the ICRC: the longest
+        // RoCE packet, over IPv6 the longest IP header too.
+        const LONGEST: usize = 12 + 16 + 4 + 4096 + 4;
+        let lo = lo_index();
+        let v4 = crate::reserve_loopback().unwrap();
+        for addr in [v4, IpAddr::V6(Ipv6Addr::LOCALHOST)] {
+            // A port a socket here holds, as the GSO probe's (see
+            // `open_probed`): never 4791, where NICs of other tests listen.
+            let Ok(target) = UdpSocket::bind((addr, 0)) else {
+                assert!(addr.is_ipv6(), "{addr}");
+                eprintln!("SKIPPED: no IPv6 loopback address");
+                continue;
+            };
+            let to = target.local_addr().unwrap();
+            let Ok(ring) = open_on(lo, &[addr], None, true, to.port()) else {
+                eprintln!("SKIPPED: no packet socket (CAP_NET_RAW is needed)");
+                assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
+                return;
+            };
+            let sender = UdpSocket::bind((addr, 0)).unwrap();
+            sender.send_to(&[0xA5; LONGEST], to).unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let frame = loop {
+                if let Some(f) = ring.next() {
+                    break f;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{addr}: nothing in the ring"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            };
+            // Not cut and queued whole on the socket as well: the kernel
+            // would copy it twice and the NIC receive it with a system call.
+            assert!(!frame.copied, "{addr}: cut in the ring");
+            let got = ring.datagram(&frame, |d| d.map(|(src, p, seg)| (src, p.len(), seg)));
+            assert_eq!(
+                got,
+                Some((sender.local_addr().unwrap(), LONGEST, LONGEST)),
+                "{addr}"
+            );
+        }
     }
 
     #[test]
