@@ -84,7 +84,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "RNIC_RING",
         default: "on where the process has CAP_NET_RAW",
-        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (a packet socket on `lo`, which needs CAP_NET_RAW; without it, the UDP socket): a receive is no system call.",
+        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (a packet socket on `lo`, which needs CAP_NET_RAW; without it, the UDP socket): a receive is no system call; and send to NICs that read `lo` so too through a packet socket, past the kernel's IP and UDP layers.",
         read_by: ReadBy::Device,
     },
     Variable {
@@ -185,7 +185,7 @@ pub struct Config {
     pub gso: Option<bool>,
     /// `RNIC_RING`: on loopback with the UDP transport, packets come in
     /// through a receive ring on `lo` where the process may open one (on
-    /// by default).
+    /// by default), and go to NICs that have one too past IP and UDP.
     pub ring: bool,
     /// `RNIC_RESPONSE_SOCKET`: RC responses steered to a socket of their
     /// own while the engine thread stays for a program.

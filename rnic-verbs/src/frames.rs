@@ -423,7 +423,7 @@ pub(crate) fn open_loopback_udp(addr: IpAddr) -> io::Result<Ring> {
 }
 
 /// The index of `lo` (0 if there is none).
-fn lo_index() -> u32 {
+pub(crate) fn lo_index() -> u32 {
     // SAFETY: a valid C string.
     unsafe { libc::if_nametoindex(c"lo".as_ptr()) }
 }
@@ -529,9 +529,9 @@ fn open_on(
 const FRAME_SIZE: usize = 8192;
 
 /// Bytes per frame of the UDP transport's ring on loopback: the ring
-/// header, the address and the virtio-net header before the packet (90
+/// header, the address and the virtio-net header before the packet (76
 /// bytes), and one packet of the largest path MTU (4,096) with every
-/// header, IPv6 included (4,180 bytes at most). Such a packet that did not
+/// header, the link-layer header and IPv6 included (4,194 bytes at most). Such a packet that did not
 /// fit would be cut in the ring and also queued whole on the socket, the
 /// kernel copying it twice and the NIC taking it with a system call: every
 /// packet of a stream at a 2,048- or 4,096-byte MTU. What is longer still
@@ -864,6 +864,227 @@ const LO_LINK_HEADER: u32 = 14;
 
 /// A virtio-net header's length (`struct virtio_net_hdr`).
 const VNET_HDR: usize = 10;
+
+/// Sends on loopback past the kernel's IP and UDP layers: a raw packet
+/// socket on `lo` takes each message with the link-layer, IPv4 and UDP
+/// headers the NIC writes itself, and hands it to the device at once
+/// (`PACKET_QDISC_BYPASS`). A UDP socket's send finds a route, a socket
+/// and a neighbour first, and goes through the netfilter hooks: on this
+/// machine class about a microsecond of a 64-byte ping-pong's three (a
+/// datagram each way through a ring, both ends polling). A message of
+/// several datagrams is a GSO send, as from a UDP socket: one packet whose
+/// virtio-net header gives the datagrams' length, which loopback carries
+/// whole; its UDP checksum is left to the device (loopback's: none). The
+/// receiver's ring sees what it would see of a UDP socket's send: IPv4 with
+/// DF, TTL 64, identification 0 (a GSO send's datagram `k` carries the
+/// ICRC for identification `k`, as the kernel would number it), the UDP
+/// checksum 0 on a single datagram.
+///
+/// Only for IPv4 between loopback addresses whose packets a ring takes in:
+/// the kernel's IP layer drops such a packet to a loopback address as a
+/// martian (it comes without a route), so a UDP socket never sees it. Needs
+/// CAP_NET_RAW, as the ring does, and a kernel that takes a GSO send in a
+/// virtio-net header (6.2), which the ring's probe has shown.
+pub(crate) struct LoopbackSender {
+    fd: OwnedFd,
+    /// `lo`, as every send's destination.
+    to: libc::sockaddr_ll,
+}
+
+/// A message's headers: virtio-net, Ethernet, IPv4 and UDP.
+const LOOPBACK_HEADERS: usize = VNET_HDR + LO_LINK_HEADER as usize + 28;
+
+impl LoopbackSender {
+    /// A raw packet socket on `lo` that receives nothing (protocol 0) and
+    /// takes a virtio-net header before each packet.
+    pub(crate) fn open() -> io::Result<LoopbackSender> {
+        let lo = lo_index();
+        if lo == 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no lo"));
+        }
+        // SAFETY: plain socket(2); the descriptor is owned below.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor, owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let on: libc::c_int = 1;
+        crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, &on)?;
+        // Straight to the device: loopback has no queue anyway.
+        let _ =
+            crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &on);
+        if rustix::net::sockopt::set_socket_send_buffer_size_force(&fd, crate::udp::SOCKET_BUFFER)
+            .is_err()
+        {
+            let _ =
+                rustix::net::sockopt::set_socket_send_buffer_size(&fd, crate::udp::SOCKET_BUFFER);
+        }
+        // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
+        let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        to.sll_family = libc::AF_PACKET as u16;
+        to.sll_protocol = (libc::ETH_P_IP as u16).to_be();
+        to.sll_ifindex = lo as i32;
+        Ok(LoopbackSender { fd, to })
+    }
+
+    /// Whether [`LoopbackSender::send`] takes a datagram from `src` to `dst`
+    /// (a ring must take `dst`'s packets in as well).
+    pub(crate) fn takes(src: IpAddr, dst: IpAddr) -> bool {
+        matches!((src, dst), (IpAddr::V4(s), IpAddr::V4(d)) if s.is_loopback() && d.is_loopback())
+    }
+
+    /// Send `groups.len()` messages, message `g` being the `groups[g]`
+    /// datagrams that follow the previous messages' (`datagram(i)` gives
+    /// the `i`th's source, destination, UDP source port and IB packet; each
+    /// one [`LoopbackSender::takes`]). A message of more than one datagram
+    /// is a GSO send, and must be what [`crate::udp::gso_run`] would make
+    /// of them. As few system calls as the device takes them in. Returns
+    /// how many datagrams went, or were lost as on a full link (the
+    /// transport retransmits them); an error if the first message could
+    /// not be sent for another reason.
+    pub(crate) fn send<'a>(
+        &self,
+        groups: &[usize],
+        datagram: impl Fn(usize) -> (Ipv4Addr, Ipv4Addr, u16, &'a [u8]),
+    ) -> io::Result<usize> {
+        use std::mem::MaybeUninit;
+        const BATCH: usize = crate::udp::BATCH;
+        const IOVS: usize = 256;
+        let mut headers = [[0u8; LOOPBACK_HEADERS]; BATCH];
+        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; IOVS];
+        let mut msgs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
+        let mut sent = 0; // datagrams
+        let mut g = 0; // the next message
+        while g < groups.len() {
+            // Messages for this call: up to BATCH of them, and IOVS iovecs.
+            let (mut m, mut iov_at, mut at) = (0, 0, sent);
+            while g + m < groups.len() && m < BATCH && iov_at + 1 + groups[g + m] <= IOVS {
+                let n = groups[g + m];
+                let (src, dst, src_port, first) = datagram(at);
+                let bytes: usize = (at..at + n).map(|i| datagram(i).3.len()).sum();
+                let gso = (n > 1).then_some(first.len());
+                loopback_headers(&mut headers[m], src, dst, src_port, bytes, gso)?;
+                iovs[iov_at].write(libc::iovec {
+                    iov_base: headers[m].as_mut_ptr().cast(),
+                    iov_len: LOOPBACK_HEADERS,
+                });
+                for k in 0..n {
+                    let ib = datagram(at + k).3;
+                    iovs[iov_at + 1 + k].write(libc::iovec {
+                        iov_base: ib.as_ptr() as *mut libc::c_void,
+                        iov_len: ib.len(),
+                    });
+                }
+                // SAFETY: mmsghdr is plain data; all zeroes is a valid empty one.
+                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                h.msg_hdr.msg_name = (&self.to as *const libc::sockaddr_ll).cast_mut().cast();
+                h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                h.msg_hdr.msg_iov = iovs.as_mut_ptr().wrapping_add(iov_at).cast();
+                h.msg_hdr.msg_iovlen = 1 + n;
+                msgs[m].write(h);
+                iov_at += 1 + n;
+                at += n;
+                m += 1;
+            }
+            // SAFETY: the first `m` headers are filled in, each pointing at
+            // the destination (read only) and at live iovecs over bytes
+            // borrowed for the duration of the call: the headers above and
+            // the datagrams; the kernel reads them and writes each sent
+            // message's length.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                    m as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            let went = if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(sent),
+                    Some(libc::EINTR) => continue,
+                    // Dropped at the device (its backlog full): lost, as
+                    // on a full link.
+                    Some(libc::ENOBUFS) => 1,
+                    _ if sent == 0 => return Err(e),
+                    _ => return Ok(sent),
+                }
+            } else if r == 0 {
+                break;
+            } else {
+                r as usize
+            };
+            sent += groups[g..g + went].iter().sum::<usize>();
+            g += went;
+        }
+        Ok(sent)
+    }
+}
+
+/// Write a message's headers for `bytes` of UDP payload from `src` port
+/// `src_port` to `dst` port 4791 into `buf`: a virtio-net header (a GSO
+/// send of datagrams of `gso` bytes, if given, with its UDP checksum left
+/// to the device), loopback's Ethernet header (addresses all zeroes), and
+/// the IPv4 and UDP headers.
+fn loopback_headers(
+    buf: &mut [u8; LOOPBACK_HEADERS],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    src_port: u16,
+    bytes: usize,
+    gso: Option<usize>,
+) -> io::Result<()> {
+    let (vnet, rest) = buf.split_at_mut(VNET_HDR);
+    let (eth, ip_udp) = rest.split_at_mut(LO_LINK_HEADER as usize);
+    vnet.fill(0);
+    eth.fill(0);
+    eth[12..14].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
+    let ip = rnic_wire::encap::IpRepr::V4(rnic_wire::encap::ipv4::Repr::new(src, dst));
+    rnic_wire::encap::emit_ip_udp(&ip, src_port, bytes, ip_udp)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    if let Some(seg) = gso {
+        let seg = u16::try_from(seg).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let l4 = LO_LINK_HEADER as u16 + 20;
+        // flags (NEEDS_CSUM), gso_type (UDP_L4), hdr_len, gso_size,
+        // csum_start, csum_offset: little-endian, as a modern virtio-net
+        // header is.
+        vnet[0] = 1;
+        vnet[1] = 5;
+        vnet[2..4].copy_from_slice(&(l4 + 8).to_le_bytes());
+        vnet[4..6].copy_from_slice(&seg.to_le_bytes());
+        vnet[6..8].copy_from_slice(&l4.to_le_bytes());
+        vnet[8..10].copy_from_slice(&6u16.to_le_bytes());
+        // The device adds the payload to the pseudo-header's sum.
+        let udp_len = (8 + bytes) as u32;
+        let mut sum: u32 = 17 + udp_len;
+        for a in [src, dst] {
+            let o = a.octets();
+            sum += u32::from(u16::from_be_bytes([o[0], o[1]]))
+                + u32::from(u16::from_be_bytes([o[2], o[3]]));
+        }
+        while sum > 0xFFFF {
+            sum = (sum & 0xFFFF) + (sum >> 16);
+        }
+        ip_udp[26..28].copy_from_slice(&(sum as u16).to_be_bytes());
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for LoopbackSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopbackSender")
+            .field("fd", &self.fd)
+            .finish()
+    }
+}
 
 /// Room for a packet queued whole on the UDP transport's ring socket: a
 /// virtio-net header and the largest IP packet.

@@ -5,7 +5,7 @@
 //! them (each segment's ICRC made for the IPv4 identification the kernel
 //! gives it), and plain ACKs last.
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 
 use rnic_core::Datagram;
@@ -13,6 +13,7 @@ use rnic_wire::icrc::IdDeltas;
 
 use super::state::EngineState;
 use super::ROCE_PORT;
+use crate::frames::LoopbackSender;
 
 /// Bursts of packets one pump has the NIC build at most
 /// ([`rnic_core::Nic::generate_burst`]: a QP's READ responses and requests).
@@ -70,9 +71,12 @@ impl EngineState {
                 break;
             }
             // Each run of datagrams from one address and source port goes
-            // out of the socket bound to them (the ICRC covers both).
+            // out of the socket bound to them (the ICRC covers both), or
+            // past IP and UDP on loopback.
             let own = self.nic.addr();
             let mut at = 0;
+            let mut gso_refused = false;
+            let mut loopback_failed = None;
             while let Some(first) = tx.get(at) {
                 let source = (first.src, first.src_port);
                 let run = tx[at..]
@@ -85,6 +89,9 @@ impl EngineState {
                         &mut self.groups,
                         &mut self.gso_deltas,
                     );
+                } else {
+                    self.groups.clear();
+                    self.groups.resize(run, 1);
                 }
                 // As they leave: with the ICRC each segment carries.
                 if self.impair.is_none() {
@@ -92,33 +99,71 @@ impl EngineState {
                         self.observe(true, now, d);
                     }
                 }
-                let rest = &tx[at..];
-                at += run;
-                let from = self
-                    .send_sockets
-                    .get(&source)
-                    .or((source.0 == own).then_some(socket));
-                // Datagrams the socket buffer refused are lost, as on a
-                // full link (and there is a socket for every address and
-                // port the NIC sends from).
-                if let Some(from) = from {
-                    if self.gso {
-                        let refused = crate::udp::send_groups(from.as_fd(), &self.groups, |j| {
-                            let to = rest[j].dst;
-                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
+                let out = Out {
+                    from: self
+                        .send_sockets
+                        .get(&source)
+                        .or((source.0 == own).then_some(socket)),
+                    // Once the kernel refused one, no GSO send.
+                    gso: self.gso && !gso_refused,
+                    scope: self.scope,
+                };
+                let run = &tx[at..at + run];
+                at += run.len();
+                // To a ring, past IP and UDP; otherwise, and after a send
+                // that way failed, through the socket. In the order they
+                // were built either way (what goes through the socket
+                // before messages that go past leaves first): the receiver
+                // takes each connection's packets in order.
+                // Messages from `g0` (datagrams from `d0`) are not sent yet;
+                // `g` (`d`) is the next to look at.
+                let (mut g0, mut d0, mut g, mut d) = (0, 0, 0, 0);
+                while let Some(lo) = self
+                    .loopback_tx
+                    .as_ref()
+                    .filter(|_| loopback_failed.is_none() && g < self.groups.len())
+                {
+                    let rings = &mut self.ring_peers;
+                    let mut past = |n: usize, at: usize| {
+                        run[at..at + n].iter().all(|x| {
+                            LoopbackSender::takes(x.src, x.dst) && rings.has_ring(x.dst, now)
                         })
-                        .is_ok_and(|s| s.gso_refused);
-                        if refused {
-                            tracing::info!("the kernel refused a UDP GSO send: one datagram per message from now on");
-                            self.gso = false;
-                        }
-                    } else {
-                        let _ = crate::udp::send(from.as_fd(), run, |j| {
-                            let to = rest[j].dst;
-                            (to_socket_addr(to, self.scope_of(to)), &rest[j].payload[..])
-                        });
+                    };
+                    // The messages from `g` on that go past, to `g1` (`d1`).
+                    let (mut g1, mut d1) = (g, d);
+                    while g1 < self.groups.len() && past(self.groups[g1], d1) {
+                        d1 += self.groups[g1];
+                        g1 += 1;
                     }
+                    if g1 == g {
+                        d += self.groups[g];
+                        g += 1;
+                        continue;
+                    }
+                    gso_refused |= out.send(&self.groups[g0..g], &run[d0..d]);
+                    let these = &self.groups[g..g1];
+                    match lo.send(these, |j| loopback_datagram(&run[d + j])) {
+                        Ok(sent) => self.loopback_sent += sent as u64,
+                        Err(e) => {
+                            loopback_failed = Some(e);
+                            gso_refused |= out.send(these, &run[d..d1]);
+                        }
+                    }
+                    (g0, d0, g, d) = (g1, d1, g1, d1);
                 }
+                gso_refused |= out.send(&self.groups[g0..], &run[d0..]);
+            }
+            if gso_refused && self.gso {
+                tracing::info!(
+                    "the kernel refused a UDP GSO send: one datagram per message from now on"
+                );
+                self.gso = false;
+            }
+            if let Some(e) = loopback_failed {
+                tracing::info!(
+                    "a send past IP and UDP on lo failed, through the UDP socket from now on: {e}"
+                );
+                self.loopback_tx = None;
             }
             for d in tx.drain(..) {
                 self.nic.recycle(d.payload);
@@ -128,6 +173,80 @@ impl EngineState {
         self.close_retired();
         self.deliver();
     }
+}
+
+/// Which loopback addresses a receive ring takes packets in for, as far
+/// as this NIC knows: only to those may it send past IP and UDP (see
+/// [`super::sockets::mark_ring`]). Asked again after [`RingPeers::FOR`]:
+/// a NIC that closed and one that opened on the same address without a
+/// ring cost RC retransmissions for that long at most.
+#[derive(Debug, Default)]
+pub(crate) struct RingPeers {
+    known: std::collections::HashMap<IpAddr, (bool, u64)>,
+}
+
+impl RingPeers {
+    /// How long an answer holds (ns).
+    const FOR: u64 = 1_000_000_000;
+
+    fn has_ring(&mut self, addr: IpAddr, now: rnic_core::time::Time) -> bool {
+        match self.known.get(&addr) {
+            Some(&(ring, at)) if now.0.saturating_sub(at) < Self::FOR => ring,
+            _ => {
+                let ring = super::sockets::ring_marked(addr);
+                self.known.insert(addr, (ring, now.0));
+                ring
+            }
+        }
+    }
+}
+
+/// Where a run of datagrams from one address and port leaves through the
+/// UDP socket.
+struct Out<'a> {
+    /// The socket bound to the address and port (none: the datagrams are
+    /// lost, which a NIC that sends only from its own sockets never sees).
+    from: Option<&'a UdpSocket>,
+    /// Whether messages of several datagrams go as GSO sends.
+    gso: bool,
+    /// The scope of a link-local IPv6 destination.
+    scope: u32,
+}
+
+impl Out<'_> {
+    /// Send `groups` (datagrams per message) of `datagrams`. Datagrams the
+    /// socket buffer refused are lost, as on a full link. Whether the
+    /// kernel refused a GSO send for good (see [`crate::udp::Sent`]).
+    fn send(&self, groups: &[usize], datagrams: &[Datagram]) -> bool {
+        let Some(from) = self.from.filter(|_| !groups.is_empty()) else {
+            return false;
+        };
+        let to = |j: usize| {
+            let to = datagrams[j].dst;
+            let scope = if crate::frames::link_local(to) {
+                self.scope
+            } else {
+                0
+            };
+            (to_socket_addr(to, scope), &datagrams[j].payload[..])
+        };
+        if self.gso {
+            crate::udp::send_groups(from.as_fd(), groups, to).is_ok_and(|s| s.gso_refused)
+        } else {
+            let _ = crate::udp::send(from.as_fd(), datagrams.len(), to);
+            false
+        }
+    }
+}
+
+/// A datagram as [`LoopbackSender::send`] takes it (one it
+/// [takes](LoopbackSender::takes): IPv4).
+fn loopback_datagram(d: &Datagram) -> (Ipv4Addr, Ipv4Addr, u16, &[u8]) {
+    let v4 = |a: IpAddr| match a {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
+    };
+    (v4(d.src), v4(d.dst), d.src_port, &d.payload)
 }
 
 /// Cut `run`, datagrams from one address and port, into the messages of

@@ -99,6 +99,9 @@ pub(crate) struct Engine {
     /// for this NIC while it lives (its sockets let others join: see
     /// [`claim_udp`]).
     _udp_claim: Option<std::os::unix::net::UnixDatagram>,
+    /// Held while the NIC's receive ring takes its address's packets in:
+    /// others may send to it past IP and UDP (`sockets::mark_ring`).
+    _ring_mark: Option<std::os::unix::net::UnixDatagram>,
     /// The largest IP packet the link carries.
     pub link_mtu: u32,
     /// The process that started the thread: a forked child has a copy of
@@ -283,6 +286,15 @@ impl Engine {
         let relay = relay::Relay::new(slot, medium, owner, members)?;
         let mut state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, relay);
         state.gso = gso_default(addr, iface.is_some(), config.gso);
+        let mut ring_mark = None;
+        if udp && frames.is_some() {
+            ring_mark = sockets::mark_ring(addr)
+                .inspect_err(|e| tracing::info!("the receive ring is not made known: {e}"))
+                .ok();
+            state.loopback_tx = crate::frames::LoopbackSender::open()
+                .inspect_err(|e| tracing::info!("no sends past IP and UDP on lo: {e}"))
+                .ok();
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             socket,
@@ -348,6 +360,7 @@ impl Engine {
             gids: iface.map_or_else(|| vec![addr], |i| i.gids.clone()),
             _slot_claim: slot_claim,
             _udp_claim: udp_claim,
+            _ring_mark: ring_mark,
             addrs,
             link_mtu: link_mtu(addr, iface),
             pid: std::process::id(),

@@ -107,6 +107,28 @@ pub(crate) fn bind_abstract(name: &str) -> io::Result<UnixDatagram> {
     UnixDatagram::bind_addr(&at)
 }
 
+fn ring_name(addr: IpAddr) -> String {
+    format!("rnic/ring/{addr}/{ROCE_PORT}")
+}
+
+/// What tells every process's NICs that a receive ring on `lo` takes in
+/// the packets to port 4791 of `addr`, for as long as it is held: they may
+/// send there past IP and UDP (see [`crate::frames::LoopbackSender`]). The
+/// kernel's IP layer drops such a packet to a loopback address as a
+/// martian (it comes with no route, and `lo` does not route 127.0.0.0/8
+/// unless told to), so a UDP socket never sees it.
+pub(super) fn mark_ring(addr: IpAddr) -> io::Result<UnixDatagram> {
+    bind_abstract(&ring_name(addr))
+}
+
+/// Whether a receive ring takes in the packets to `addr` ([`mark_ring`]).
+pub(super) fn ring_marked(addr: IpAddr) -> bool {
+    use std::os::linux::net::SocketAddrExt;
+    std::os::unix::net::SocketAddr::from_abstract_name(ring_name(addr))
+        .and_then(|at| UnixDatagram::unbound()?.connect_addr(&at))
+        .is_ok()
+}
+
 /// Whether an rnic NIC of any process (this one's too) holds UDP port 4791
 /// of `addr` on the UDP transport: someone a CM request to `addr` can
 /// reach.

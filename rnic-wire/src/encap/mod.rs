@@ -248,6 +248,24 @@ fn parse_link(link: LinkType, frame: &[u8]) -> Result<(Option<ethernet::Repr>, u
     }
 }
 
+/// Write the IP and UDP headers of a RoCE v2 packet whose IB transport
+/// packet (BTH through ICRC) is `ib_len` bytes, from `src_port` to 4791,
+/// into the start of `buf`; returns their length. The UDP checksum is 0, as
+/// rdma_rxe sends it over IPv4 (over IPv6 the caller fills it in if its
+/// receiver needs one).
+pub fn emit_ip_udp(ip: &IpRepr, src_port: u16, ib_len: usize, buf: &mut [u8]) -> Result<usize> {
+    let len = ip.header_len() + udp::HEADER_LEN;
+    crate::error::need(Layer::Udp, buf, len)?;
+    let udp_len = udp::HEADER_LEN + ib_len;
+    ip.emit(buf, udp_len)?;
+    let mut u = udp::Packet::new_unchecked(&mut buf[ip.header_len()..len]);
+    u.set_src_port(src_port);
+    u.set_dst_port(udp::ROCE_V2_PORT);
+    u.set_len(udp_len as u16); // fits: the IP header's emit checked the total
+    u.set_checksum(0);
+    Ok(len)
+}
+
 /// A whole RoCE v2 frame to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameRepr {
@@ -283,15 +301,12 @@ impl FrameRepr {
             off = eth.buffer_len();
         }
         let ip_offset = off;
-        let udp_len = udp::HEADER_LEN + self.ib.buffer_len();
-        self.ip.emit(&mut buf[off..], udp_len)?;
-        off += self.ip.header_len();
-        let mut u = udp::Packet::new_unchecked(&mut buf[off..off + udp::HEADER_LEN]);
-        u.set_src_port(self.src_port);
-        u.set_dst_port(udp::ROCE_V2_PORT);
-        u.set_len(udp_len as u16); // fits: the IP header emit checked the total
-        u.set_checksum(0);
-        off += udp::HEADER_LEN;
+        off += emit_ip_udp(
+            &self.ip,
+            self.src_port,
+            self.ib.buffer_len(),
+            &mut buf[off..],
+        )?;
         self.ib.emit_with(&mut buf[off..], fill)?;
         icrc::fill(&mut buf[ip_offset..])?;
         Ok(len)

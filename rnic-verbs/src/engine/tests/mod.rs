@@ -16,12 +16,18 @@ use crate::*;
 
 mod driven;
 mod held;
+mod past_udp;
 mod watching;
 
 impl Engine {
     /// Whether packets come in through a receive ring (see `frames`).
     pub fn has_ring(&self) -> bool {
         self.shared.frames.is_some()
+    }
+    /// Datagrams sent past IP and UDP on loopback, ever (see
+    /// `frames::LoopbackSender`).
+    pub fn loopback_sent(&self) -> u64 {
+        self.shared.state.lock().loopback_sent
     }
     /// Whether the engine thread is asleep away from the socket.
     pub fn is_away(&self) -> bool {
