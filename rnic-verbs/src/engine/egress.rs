@@ -104,8 +104,7 @@ impl EngineState {
                         .send_sockets
                         .get(&source)
                         .or((source.0 == own).then_some(socket)),
-                    // Once the kernel refused one, no GSO send.
-                    gso: self.gso && !gso_refused,
+                    gso: self.gso,
                     scope: self.scope,
                 };
                 let run = &tx[at..at + run];
@@ -152,12 +151,12 @@ impl EngineState {
                     (g0, d0, g, d) = (g1, d1, g1, d1);
                 }
                 gso_refused |= out.send(&self.groups[g0..], &run[d0..]);
-            }
-            if gso_refused && self.gso {
-                tracing::info!(
-                    "the kernel refused a UDP GSO send: one datagram per message from now on"
-                );
-                self.gso = false;
+                if gso_refused && self.gso {
+                    tracing::info!(
+                        "the kernel refused a UDP GSO send: one datagram per message from now on"
+                    );
+                    self.gso = false;
+                }
             }
             if let Some(e) = loopback_failed {
                 tracing::info!(
@@ -223,12 +222,10 @@ impl Out<'_> {
         };
         let to = |j: usize| {
             let to = datagrams[j].dst;
-            let scope = if crate::frames::link_local(to) {
-                self.scope
-            } else {
-                0
-            };
-            (to_socket_addr(to, scope), &datagrams[j].payload[..])
+            (
+                to_socket_addr(to, super::state::scope_for(self.scope, to)),
+                &datagrams[j].payload[..],
+            )
         };
         if self.gso {
             crate::udp::send_groups(from.as_fd(), groups, to).is_ok_and(|s| s.gso_refused)

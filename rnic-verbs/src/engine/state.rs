@@ -299,11 +299,7 @@ impl EngineState {
     /// The scope a socket address needs for `addr`: the interface's index
     /// for a link-local IPv6 address on the frame transport, else 0.
     pub(super) fn scope_of(&self, addr: IpAddr) -> u32 {
-        if crate::frames::link_local(addr) {
-            self.scope
-        } else {
-            0
-        }
+        scope_for(self.scope, addr)
     }
 
     /// Hand completions to their queues and events to their channel;
@@ -455,6 +451,16 @@ impl EngineState {
         let queued = self.nic.queued_datagrams() != Some(0);
         let only_acks = self.only_acks_queued();
         self.hold.hold(now, queued, only_acks);
+    }
+}
+
+/// The scope a socket address needs for `addr` on a NIC whose link-local
+/// addresses are scoped to `scope` (see [`EngineState::scope_of`]).
+pub(super) fn scope_for(scope: u32, addr: IpAddr) -> u32 {
+    if crate::frames::link_local(addr) {
+        scope
+    } else {
+        0
     }
 }
 
