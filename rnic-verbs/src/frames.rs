@@ -1337,6 +1337,60 @@ mod tests {
         assert!(open_probed(lo, addr, false).is_err());
     }
 
+    /// What the loopback sender writes reaches a ring as a UDP socket's
+    /// send would: a valid IPv4 header (DF, TTL 64, identification 0), the
+    /// UDP ports and length, and a GSO send's segment size.
+    #[test]
+    fn the_loopback_sender_writes_what_a_udp_socket_would_send() {
+        let IpAddr::V4(to) = crate::reserve_loopback().unwrap() else {
+            panic!("an IPv4 loopback address")
+        };
+        let Ok(ring) = open_on(lo_index(), &[to.into()], None, true, 4791) else {
+            eprintln!("SKIPPED: no packet socket (CAP_NET_RAW is needed)");
+            assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
+            return;
+        };
+        let tx = LoopbackSender::open().unwrap();
+        let from = Ipv4Addr::LOCALHOST;
+        let datagrams: [&[u8]; 3] = [&[0x11; 40], &[0x22; 48], &[0x33; 20]];
+        // One datagram alone, then two as a GSO send.
+        let sent = tx.send(&[1, 2], |i| (from, to, 50_000, datagrams[i]));
+        assert_eq!(sent.unwrap(), 3);
+        for (payload, seg) in [
+            (datagrams[0].to_vec(), 40),
+            ([datagrams[1], datagrams[2]].concat(), 48),
+        ] {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let frame = loop {
+                if let Some(f) = ring.next() {
+                    break f;
+                }
+                assert!(std::time::Instant::now() < deadline, "nothing in the ring");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            };
+            let ip = rnic_wire::encap::ipv4::Packet::new_checked(frame.bytes().unwrap()).unwrap();
+            assert!(ip.verify_checksum(), "the IPv4 header checksum");
+            assert_eq!(
+                (
+                    ip.ident(),
+                    ip.dont_frag(),
+                    ip.ttl(),
+                    ip.src_addr(),
+                    ip.dst_addr()
+                ),
+                (0, true, 64, from, to)
+            );
+            let udp = &frame.bytes().unwrap()[20..28];
+            assert_eq!(udp[2..4], 4791u16.to_be_bytes());
+            assert_eq!(
+                usize::from(u16::from_be_bytes([udp[4], udp[5]])),
+                8 + payload.len()
+            );
+            let got = ring.datagram(&frame, |d| d.map(|(src, p, seg)| (src, p.to_vec(), seg)));
+            assert_eq!(got, Some(((from, 50_000).into(), payload, seg)));
+        }
+    }
+
     #[test]
     fn a_packet_of_the_largest_path_mtu_lies_whole_in_a_frame_of_the_udp_ring() {
         // BTH, RETH, immediate data, 4,096 bytes and the ICRC: the longest
