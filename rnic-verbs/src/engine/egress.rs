@@ -302,6 +302,30 @@ fn to_socket_addr(to: IpAddr, scope: u32) -> SocketAddr {
 mod tests {
     use super::*;
 
+    /// Whether an address has a ring is what its mark says, asked again
+    /// once the answer is a second old: a NIC that let its ring go (or
+    /// ended) is sent nothing past IP and UDP from then on.
+    #[test]
+    fn a_ring_peer_is_one_whose_mark_is_held_as_of_the_last_second() {
+        use rnic_core::time::Time;
+        // An address no other NIC of the tests holds.
+        let addr = crate::reserve_loopback().unwrap();
+        let mut peers = RingPeers::default();
+        assert!(!peers.has_ring(addr, Time(0)), "no mark, no ring");
+        let mark = super::super::sockets::mark_ring(addr).unwrap();
+        assert!(
+            !peers.has_ring(addr, Time(RingPeers::FOR - 1)),
+            "the answer holds"
+        );
+        assert!(peers.has_ring(addr, Time(RingPeers::FOR)), "asked again");
+        drop(mark);
+        assert!(peers.has_ring(addr, Time(2 * RingPeers::FOR - 1)));
+        assert!(
+            !peers.has_ring(addr, Time(2 * RingPeers::FOR)),
+            "the mark is gone"
+        );
+    }
+
     /// Plain ACKs leave after the other datagrams of their batch, each kind
     /// in its order, NAKs where they were; so the ACK a ping-pong's answer
     /// follows joins the answer's GSO send.
