@@ -376,6 +376,7 @@ fn main() -> ExitCode {
                 (false, Some(host)) => perf::Mode::Client(host),
                 (false, None) => perf::Mode::Loopback,
             };
+            let mtu_of_port = mtu.is_none();
             let mtu = match mtu.map_or_else(perf::port_mtu, Ok) {
                 Ok(m) => m,
                 Err(e) => {
@@ -396,6 +397,7 @@ fn main() -> ExitCode {
                 bidir,
                 all_sizes,
                 mtu,
+                mtu_of_port,
                 json,
                 quiet: false,
                 impair,

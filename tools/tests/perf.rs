@@ -269,3 +269,112 @@ fn perf_through_the_connection_manager() {
         String::from_utf8_lossy(&server.stderr)
     );
 }
+
+/// Two network namespaces joined by a veth, deleted (with the veth) when
+/// this drops, however the test ends.
+struct Namespaces([String; 2]);
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for ns in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn ip(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Between two hosts (here two network namespaces on a veth), server and
+/// client open their NICs on the address the other reaches them at, with
+/// no RNIC_ADDR: on loopback addresses, as `rnic perf` once did, each
+/// would have sent its packets to itself. With `RNIC_IFACE`, on the frame
+/// transport of the interface.
+#[test]
+fn server_and_client_on_two_hosts() {
+    let id = std::process::id();
+    let ns = Namespaces([format!("rnic-pa-{id}"), format!("rnic-pb-{id}")]);
+    let (a, b) = (ns.0[0].as_str(), ns.0[1].as_str());
+    let (va, vb) = (
+        format!("rpa{}", id % 100_000),
+        format!("rpb{}", id % 100_000),
+    );
+    // No duplicate address detection: the frame transport binds the
+    // interface's IPv6 link-local address too, at once.
+    let no_dad = |ns: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", ns, "sysctl", "-qw"])
+            .args([
+                "net.ipv6.conf.all.accept_dad=0",
+                "net.ipv6.conf.default.accept_dad=0",
+            ])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let made = ip(&["netns", "add", a])
+        && ip(&["netns", "add", b])
+        && no_dad(a)
+        && no_dad(b)
+        && ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])
+        && ip(&["link", "set", &va, "netns", a])
+        && ip(&["link", "set", &vb, "netns", b])
+        && ip(&["-n", a, "addr", "add", "10.79.3.1/24", "dev", &va])
+        && ip(&["-n", b, "addr", "add", "10.79.3.2/24", "dev", &vb])
+        && ip(&["-n", a, "link", "set", &va, "up"])
+        && ip(&["-n", b, "link", "set", &vb, "up"])
+        && ip(&["-n", a, "link", "set", "lo", "up"])
+        && ip(&["-n", b, "link", "set", "lo", "up"]);
+    if !made {
+        eprintln!("SKIPPED: needs root (network namespaces and a veth)");
+        assert!(
+            std::env::var_os("RNIC_REQUIRE_TOOLS").is_none(),
+            "root is required"
+        );
+        return;
+    }
+    let run = |ns: &str, iface: Option<&str>, args: &[&str]| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, "timeout", "30", "env"]);
+        if let Some(i) = iface {
+            c.arg(format!("RNIC_IFACE={i}"));
+        }
+        c.arg(env!("CARGO_BIN_EXE_rnic")).arg("perf").args(args);
+        c
+    };
+    for (iface_a, iface_b) in [(None, None), (Some(va.as_str()), Some(vb.as_str()))] {
+        let server = run(a, iface_a, &["write", "--server", "--json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the server");
+        let client = run(
+            b,
+            iface_b,
+            &[
+                "write",
+                "--client",
+                "10.79.3.1",
+                "-s",
+                "16384",
+                "-n",
+                "300",
+                "--json",
+            ],
+        )
+        .output()
+        .expect("run the client");
+        let server = finish(server, Duration::from_secs(30));
+        check(&format!("client, RNIC_IFACE {iface_b:?}"), &client, "300");
+        assert!(
+            server.status.success(),
+            "server, RNIC_IFACE {iface_a:?}: {}{}",
+            String::from_utf8_lossy(&server.stdout),
+            String::from_utf8_lossy(&server.stderr)
+        );
+    }
+}

@@ -228,6 +228,7 @@ fn perf_options(op: perf::Op, qps: u32, o: &Options) -> perf::Options {
         bidir: false,
         all_sizes: false,
         mtu: o.mtu,
+        mtu_of_port: false,
         json: false,
         quiet: true,
         impair: None,

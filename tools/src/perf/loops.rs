@@ -1,6 +1,7 @@
 //! One NIC's side of a measurement, and the loops that measure: a
 //! bandwidth stream, a request's round trip, a ping-pong.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -23,8 +24,17 @@ pub(super) struct Local {
 }
 
 impl Local {
-    pub(super) fn new(o: &Options) -> Res<Local> {
-        let dev = Device::open_loopback()?;
+    /// A NIC, its region, queues and QPs: on `RNIC_IFACE`'s interface or
+    /// `RNIC_ADDR` if set, else on `at` (the address the peer reaches this
+    /// process at) unless that is a loopback address, where the first
+    /// free one is taken (the peer, on loopback too, holds another).
+    pub(super) fn new(o: &Options, at: Option<IpAddr>) -> Res<Local> {
+        let config = rnic_verbs::Config::from_env()?;
+        let dev = match (&config.iface, config.addr, at) {
+            (Some(i), _, _) => Device::open_on_interface_with(i, &config)?,
+            (None, None, Some(a)) if !a.is_loopback() => Device::open_with(a, &config)?,
+            _ => Device::open_loopback_with(&config)?,
+        };
         if let Some(i) = o.impair {
             dev.set_impairment(i)?;
         }

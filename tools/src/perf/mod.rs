@@ -108,6 +108,9 @@ pub struct Options {
     pub all_sizes: bool,
     /// Path MTU.
     pub mtu: Mtu,
+    /// `-m` was not given: a client takes the active MTU of the port it
+    /// opens (where the server reaches it), and tells the server.
+    pub mtu_of_port: bool,
     /// Print JSON lines instead of a table.
     pub json: bool,
     /// No progress bar (a caller that reports progress itself).
@@ -195,8 +198,9 @@ impl Options {
 pub(super) const T: Duration = Duration::from_secs(30);
 
 /// Run; false if any operation failed.
-/// The active MTU of a loopback port, where `rnic perf` runs: its path MTU
-/// unless `-m` says otherwise (perftest's default too).
+/// The active MTU of a loopback port, where `rnic perf` runs in one
+/// process: its path MTU unless `-m` says otherwise (perftest's default
+/// too). A client takes its own port's instead (`Options::mtu_of_port`).
 pub fn port_mtu() -> Res<Mtu> {
     Ok(rnic_verbs::Device::open_loopback()?.query_port().active_mtu)
 }
@@ -222,7 +226,7 @@ pub(crate) struct LoopbackRun {
 
 impl LoopbackRun {
     pub(crate) fn new(o: &Options) -> Res<LoopbackRun> {
-        let (a, b) = (Local::new(o)?, Local::new(o)?);
+        let (a, b) = (Local::new(o, None)?, Local::new(o, None)?);
         if o.cm {
             let l = b.dev.listen(0)?;
             let to = SocketAddr::new(b.dev.addr(), l.port());
@@ -356,12 +360,13 @@ fn run_server(mut o: Options) -> Res<bool> {
         eprintln!(" waiting for a client on TCP port {}", o.port);
     }
     let (s, peer) = listener.accept()?;
+    let here = s.local_addr()?.ip();
     let mut c = Control::new(s)?;
     let line = c.recv()?;
     o.adopt(&line)
         .ok_or_else(|| format!("malformed options '{line}' from {peer}"))?;
     o.mode = Mode::Server;
-    let me = Local::new(&o)?;
+    let me = Local::new(&o, Some(here))?;
     let (to_client, _conns) = if o.cm {
         // The rdma_cm port is the TCP port's number.
         let l = me.dev.listen(o.port)?;
@@ -420,9 +425,15 @@ fn run_client(o: &Options, host: &str) -> Res<bool> {
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
+    let here = s.local_addr()?.ip();
     let mut c = Control::new(s)?;
+    let me = Local::new(o, Some(here))?;
+    let mut o = o.clone();
+    if o.mtu_of_port {
+        o.mtu = me.dev.query_port().active_mtu;
+    }
+    let o = &o;
     c.send(&o.to_line())?;
-    let me = Local::new(o)?;
     let (to_server, server_addr, _conns) = if o.cm {
         let line = c.expect("listening")?;
         let addr: IpAddr = line
@@ -517,6 +528,7 @@ mod tests {
             bidir: true,
             all_sizes: false,
             mtu: Mtu::Mtu4096,
+            mtu_of_port: false,
             json: false,
             quiet: false,
             impair: None,
