@@ -84,7 +84,13 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "RNIC_RING",
         default: "on where the process has CAP_NET_RAW",
-        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (a packet socket on `lo`, which needs CAP_NET_RAW; without it, the UDP socket): a receive is no system call; and send to NICs that read `lo` so too through a packet socket, past the kernel's IP and UDP layers.",
+        meaning: "`on` or `off`: on loopback with the UDP transport, take packets in through a receive ring the kernel fills (a packet socket on `lo`, which needs CAP_NET_RAW; without it, the UDP socket): a receive is no system call.",
+        read_by: ReadBy::Device,
+    },
+    Variable {
+        name: "RNIC_RAW_SENDS",
+        default: "on where the process has CAP_NET_RAW",
+        meaning: "`on` or `off`: send IPv4 datagrams past the kernel's IP and UDP layers, through a raw packet socket, where that reaches the peer: on loopback to NICs that take packets in through a receive ring (`RNIC_RING`), on an interface (`RNIC_IFACE`) to neighbours the kernel has resolved; everything else through UDP sockets.",
         read_by: ReadBy::Device,
     },
     Variable {
@@ -185,8 +191,11 @@ pub struct Config {
     pub gso: Option<bool>,
     /// `RNIC_RING`: on loopback with the UDP transport, packets come in
     /// through a receive ring on `lo` where the process may open one (on
-    /// by default), and go to NICs that have one too past IP and UDP.
+    /// by default).
     pub ring: bool,
+    /// `RNIC_RAW_SENDS`: IPv4 datagrams go past IP and UDP where that
+    /// reaches the peer (on by default; see `frames::FrameSender`).
+    pub raw_sends: bool,
     /// `RNIC_RESPONSE_SOCKET`: RC responses steered to a socket of their
     /// own while the engine thread stays for a program.
     pub response_socket: bool,
@@ -207,6 +216,7 @@ impl Default for Config {
             impair: None,
             gso: None,
             ring: true,
+            raw_sends: true,
             response_socket: false,
             priority: Priority::Realtime,
             linger_window: LINGER_WINDOW,
@@ -270,6 +280,7 @@ impl Config {
             impair,
             gso: on_off("RNIC_GSO")?,
             ring: on_off("RNIC_RING")?.unwrap_or(true),
+            raw_sends: on_off("RNIC_RAW_SENDS")?.unwrap_or(true),
             response_socket: on_off("RNIC_RESPONSE_SOCKET")?.unwrap_or(false),
             priority: Priority::parse(text("RNIC_ENGINE_PRIORITY")?.as_deref())?,
             linger_window,
@@ -348,6 +359,7 @@ mod tests {
             ("RNIC_IMPAIR", "loss=5%"),
             ("RNIC_GSO", "off"),
             ("RNIC_RING", "off"),
+            ("RNIC_RAW_SENDS", "off"),
             ("RNIC_RESPONSE_SOCKET", "on"),
             ("RNIC_ENGINE_PRIORITY", "normal"),
             ("RNIC_BUSY_POLL_US", "0"),
@@ -359,6 +371,7 @@ mod tests {
         assert!(c.impair.is_some());
         assert_eq!(c.gso, Some(false));
         assert!(!c.ring);
+        assert!(!c.raw_sends);
         assert!(c.response_socket);
         assert_eq!(c.priority, Priority::Normal);
         assert_eq!(c.linger_window, 0);

@@ -233,6 +233,15 @@ impl Device {
         Ok(self.engine.call(|st| st.nic.counters())?)
     }
 
+    /// Datagrams the NIC has sent past the kernel's IP and UDP layers, ever:
+    /// through a raw packet socket, on loopback to NICs that read it
+    /// through receive rings, on an interface to neighbours the kernel has
+    /// resolved (IPv4; see docs/configuration.md, `RNIC_RING`). The rest
+    /// went through its UDP sockets.
+    pub fn sent_past_ip(&self) -> Result<u64> {
+        Ok(self.engine.call(|st| st.frames_sent)?)
+    }
+
     /// What the NIC holds ([`rnic_core::Footprint`]), and how many CQs the
     /// driver delivers completions to.
     pub fn footprint(&self) -> Result<(rnic_core::Footprint, usize)> {

@@ -865,43 +865,80 @@ const LO_LINK_HEADER: u32 = 14;
 /// A virtio-net header's length (`struct virtio_net_hdr`).
 const VNET_HDR: usize = 10;
 
-/// Sends on loopback past the kernel's IP and UDP layers: a raw packet
-/// socket on `lo` takes each message with the link-layer, IPv4 and UDP
-/// headers the NIC writes itself, and hands it to the device at once
-/// (`PACKET_QDISC_BYPASS`). A UDP socket's send finds a route, a socket
-/// and a neighbour first, and goes through the netfilter hooks: on this
-/// machine class about a microsecond of a 64-byte ping-pong's three (a
-/// datagram each way through a ring, both ends polling). A message of
-/// several datagrams is a GSO send, as from a UDP socket: one packet whose
-/// virtio-net header gives the datagrams' length, which loopback carries
-/// whole; its UDP checksum is left to the device (loopback's: none). The
-/// receiver's ring sees what it would see of a UDP socket's send: IPv4 with
-/// DF, TTL 64, identification 0 (a GSO send's datagram `k` carries the
-/// ICRC for identification `k`, as the kernel would number it), the UDP
-/// checksum 0 on a single datagram.
+/// Sends past the kernel's IP and UDP layers: a raw packet socket on the
+/// NIC's link takes each message with the link-layer, IPv4 and UDP headers
+/// the NIC writes itself, and hands it to the device. A UDP socket's send
+/// finds a route, a socket and a neighbour first, and goes through the
+/// netfilter hooks: on this machine class about a microsecond of a 64-byte
+/// ping-pong's three on loopback, and of three and a half over a veth (a
+/// datagram each way, both ends polling a ring). The receiver sees what it
+/// would see of a UDP socket's send: IPv4 with DF, TTL 64, identification
+/// 0, the UDP checksum 0.
 ///
-/// Only for IPv4 between loopback addresses whose packets a ring takes in:
-/// the kernel's IP layer drops such a packet to a loopback address as a
-/// martian (it comes without a route), so a UDP socket never sees it. Needs
-/// CAP_NET_RAW, as the ring does, and a kernel that takes a GSO send in a
-/// virtio-net header (6.2), which the ring's probe has shown.
-pub(crate) struct LoopbackSender {
+/// On loopback ([`FrameSender::loopback`]) a message of several datagrams
+/// is a GSO send, as from a UDP socket: one packet whose virtio-net header
+/// gives the datagrams' length, which loopback carries whole (its datagram
+/// `k` carries the ICRC for identification `k`, as the kernel would number
+/// it if it cut the send), its UDP checksum left to the device; and the
+/// packet goes to the device at once (`PACKET_QDISC_BYPASS`). Only to
+/// addresses whose packets a ring takes in: the kernel's IP layer drops
+/// such a packet to a loopback address as a martian (it comes without a
+/// route), so a UDP socket never sees it.
+///
+/// On an interface ([`FrameSender::on`]) each datagram goes alone, to the
+/// link-layer address the kernel's neighbour table has for its destination
+/// (one the UDP socket's sends made it resolve), through the device's
+/// queue, where a capture on the interface sees it.
+///
+/// Only for IPv4: an IPv6 receiver's UDP socket needs a UDP checksum. Needs
+/// CAP_NET_RAW, as a ring does, and on loopback a kernel that takes a GSO
+/// send in a virtio-net header (6.2), which the ring's probe has shown.
+pub(crate) struct FrameSender {
     fd: OwnedFd,
-    /// `lo`, as every send's destination.
+    /// The link, as every send's destination.
     to: libc::sockaddr_ll,
+    /// The link's own address, each frame's source (loopback's: zeroes).
+    mac: [u8; 6],
+    /// The link is `lo`.
+    loopback: bool,
 }
 
 /// A message's headers: virtio-net, Ethernet, IPv4 and UDP.
-const LOOPBACK_HEADERS: usize = VNET_HDR + LO_LINK_HEADER as usize + 28;
+const FRAME_HEADERS: usize = VNET_HDR + LO_LINK_HEADER as usize + 28;
 
-impl LoopbackSender {
-    /// A raw packet socket on `lo` that receives nothing (protocol 0) and
-    /// takes a virtio-net header before each packet.
-    pub(crate) fn open() -> io::Result<LoopbackSender> {
+/// A datagram as [`FrameSender::send`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outgoing<'a> {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub src_port: u16,
+    /// The link-layer address it goes to.
+    pub mac: [u8; 6],
+    /// The IB packet, BTH through ICRC.
+    pub ib: &'a [u8],
+}
+
+impl FrameSender {
+    /// A sender on `lo`.
+    pub(crate) fn loopback() -> io::Result<FrameSender> {
         let lo = lo_index();
         if lo == 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, "no lo"));
         }
+        FrameSender::open(lo, [0; 6], true)
+    }
+
+    /// A sender on `iface`.
+    pub(crate) fn on(iface: &Interface) -> io::Result<FrameSender> {
+        let mac = link_address(&iface.name)?;
+        FrameSender::open(iface.index, mac, false)
+    }
+
+    /// A raw packet socket on the link of index `index` whose own address
+    /// is `mac`, that receives nothing (protocol 0) and takes a virtio-net
+    /// header before each packet; handing packets to the device at once
+    /// if `bypass`.
+    fn open(index: u32, mac: [u8; 6], bypass: bool) -> io::Result<FrameSender> {
         // SAFETY: plain socket(2); the descriptor is owned below.
         let raw = unsafe {
             libc::socket(
@@ -917,9 +954,15 @@ impl LoopbackSender {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let on: libc::c_int = 1;
         crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_VNET_HDR, &on)?;
-        // Straight to the device: loopback has no queue anyway.
-        let _ =
-            crate::udp::set_option(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &on);
+        if bypass {
+            // Straight to the device: loopback has no queue anyway.
+            let _ = crate::udp::set_option(
+                fd.as_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_QDISC_BYPASS,
+                &on,
+            );
+        }
         if rustix::net::sockopt::set_socket_send_buffer_size_force(&fd, crate::udp::SOCKET_BUFFER)
             .is_err()
         {
@@ -930,34 +973,46 @@ impl LoopbackSender {
         let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         to.sll_family = libc::AF_PACKET as u16;
         to.sll_protocol = (libc::ETH_P_IP as u16).to_be();
-        to.sll_ifindex = lo as i32;
-        Ok(LoopbackSender { fd, to })
+        to.sll_ifindex = index as i32;
+        Ok(FrameSender {
+            fd,
+            to,
+            mac,
+            loopback: bypass,
+        })
     }
 
-    /// Whether [`LoopbackSender::send`] takes a datagram from `src` to `dst`
-    /// (a ring must take `dst`'s packets in as well).
-    pub(crate) fn takes(src: IpAddr, dst: IpAddr) -> bool {
-        matches!((src, dst), (IpAddr::V4(s), IpAddr::V4(d)) if s.is_loopback() && d.is_loopback())
+    /// Whether [`FrameSender::send`] takes `n` datagrams from `src` to
+    /// `dst` as one message: IPv4; on loopback between loopback addresses
+    /// (a ring must take `dst`'s packets in as well), elsewhere one
+    /// datagram to an address not loopback's (whose link-layer address the
+    /// kernel must have resolved as well).
+    pub(crate) fn takes(&self, n: usize, src: IpAddr, dst: IpAddr) -> bool {
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) if self.loopback => s.is_loopback() && d.is_loopback(),
+            (IpAddr::V4(_), IpAddr::V4(d)) => n == 1 && !d.is_loopback(),
+            _ => false,
+        }
     }
 
     /// Send `groups.len()` messages, message `g` being the `groups[g]`
     /// datagrams that follow the previous messages' (`datagram(i)` gives
-    /// the `i`th's source, destination, UDP source port and IB packet; each
-    /// one [`LoopbackSender::takes`]). A message of more than one datagram
-    /// is a GSO send, and must be what [`crate::udp::gso_run`] would make
-    /// of them. As few system calls as the device takes them in. Returns
-    /// how many datagrams went, or were lost as on a full link (the
-    /// transport retransmits them); an error if the first message could
-    /// not be sent for another reason.
+    /// the `i`th; each one the sender [takes](FrameSender::takes), and a
+    /// message of several on loopback only). A message of more than one
+    /// datagram is a GSO send, and must be what [`crate::udp::gso_run`]
+    /// would make of them. As few system calls as the device takes them
+    /// in. Returns how many datagrams went, or were lost as on a full link
+    /// (the transport retransmits them); an error if the first message
+    /// could not be sent for another reason.
     pub(crate) fn send<'a>(
         &self,
         groups: &[usize],
-        datagram: impl Fn(usize) -> (Ipv4Addr, Ipv4Addr, u16, &'a [u8]),
+        datagram: impl Fn(usize) -> Outgoing<'a>,
     ) -> io::Result<usize> {
         use std::mem::MaybeUninit;
         const BATCH: usize = crate::udp::BATCH;
         const IOVS: usize = 256;
-        let mut headers = [[0u8; LOOPBACK_HEADERS]; BATCH];
+        let mut headers = [[0u8; FRAME_HEADERS]; BATCH];
         let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; IOVS];
         let mut msgs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; BATCH];
         let mut sent = 0; // datagrams
@@ -967,16 +1022,16 @@ impl LoopbackSender {
             let (mut m, mut iov_at, mut at) = (0, 0, sent);
             while g + m < groups.len() && m < BATCH && iov_at + 1 + groups[g + m] <= IOVS {
                 let n = groups[g + m];
-                let (src, dst, src_port, first) = datagram(at);
-                let bytes: usize = (at..at + n).map(|i| datagram(i).3.len()).sum();
-                let gso = (n > 1).then_some(first.len());
-                loopback_headers(&mut headers[m], src, dst, src_port, bytes, gso)?;
+                let first = datagram(at);
+                let bytes: usize = (at..at + n).map(|i| datagram(i).ib.len()).sum();
+                let gso = (n > 1).then_some(first.ib.len());
+                frame_headers(&mut headers[m], &first, self.mac, bytes, gso)?;
                 iovs[iov_at].write(libc::iovec {
                     iov_base: headers[m].as_mut_ptr().cast(),
-                    iov_len: LOOPBACK_HEADERS,
+                    iov_len: FRAME_HEADERS,
                 });
                 for k in 0..n {
-                    let ib = datagram(at + k).3;
+                    let ib = datagram(at + k).ib;
                     iovs[iov_at + 1 + k].write(libc::iovec {
                         iov_base: ib.as_ptr() as *mut libc::c_void,
                         iov_len: ib.len(),
@@ -1011,8 +1066,8 @@ impl LoopbackSender {
                 match e.raw_os_error() {
                     Some(libc::EAGAIN) => return Ok(sent),
                     Some(libc::EINTR) => continue,
-                    // Dropped at the device (its backlog full): lost, as
-                    // on a full link.
+                    // Dropped at the device (its backlog or queue full):
+                    // lost, as on a full link.
                     Some(libc::ENOBUFS) => 1,
                     _ if sent == 0 => return Err(e),
                     _ => return Ok(sent),
@@ -1029,26 +1084,26 @@ impl LoopbackSender {
     }
 }
 
-/// Write a message's headers for `bytes` of UDP payload from `src` port
-/// `src_port` to `dst` port 4791 into `buf`: a virtio-net header (a GSO
-/// send of datagrams of `gso` bytes, if given, with its UDP checksum left
-/// to the device), loopback's Ethernet header (addresses all zeroes), and
-/// the IPv4 and UDP headers.
-fn loopback_headers(
-    buf: &mut [u8; LOOPBACK_HEADERS],
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    src_port: u16,
+/// Write a message's headers into `buf`, for `bytes` of UDP payload from
+/// `d`'s source and port to its destination's port 4791, from link-layer
+/// address `own` to `d.mac`: a virtio-net header (a GSO send of datagrams
+/// of `gso` bytes, if given, with its UDP checksum left to the device), the
+/// Ethernet header, and the IPv4 and UDP headers.
+fn frame_headers(
+    buf: &mut [u8; FRAME_HEADERS],
+    d: &Outgoing<'_>,
+    own: [u8; 6],
     bytes: usize,
     gso: Option<usize>,
 ) -> io::Result<()> {
     let (vnet, rest) = buf.split_at_mut(VNET_HDR);
     let (eth, ip_udp) = rest.split_at_mut(LO_LINK_HEADER as usize);
     vnet.fill(0);
-    eth.fill(0);
+    eth[..6].copy_from_slice(&d.mac);
+    eth[6..12].copy_from_slice(&own);
     eth[12..14].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
-    let ip = rnic_wire::encap::IpRepr::V4(rnic_wire::encap::ipv4::Repr::new(src, dst));
-    rnic_wire::encap::emit_ip_udp(&ip, src_port, bytes, ip_udp)
+    let ip = rnic_wire::encap::IpRepr::V4(rnic_wire::encap::ipv4::Repr::new(d.src, d.dst));
+    rnic_wire::encap::emit_ip_udp(&ip, d.src_port, bytes, ip_udp)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     if let Some(seg) = gso {
         let seg = u16::try_from(seg).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -1065,7 +1120,7 @@ fn loopback_headers(
         // The device adds the payload to the pseudo-header's sum.
         let udp_len = (8 + bytes) as u32;
         let mut sum: u32 = 17 + udp_len;
-        for a in [src, dst] {
+        for a in [d.src, d.dst] {
             let o = a.octets();
             sum += u32::from(u16::from_be_bytes([o[0], o[1]]))
                 + u32::from(u16::from_be_bytes([o[2], o[3]]));
@@ -1078,11 +1133,53 @@ fn loopback_headers(
     Ok(())
 }
 
-impl std::fmt::Debug for LoopbackSender {
+/// The link-layer address of interface `name` (from sysfs).
+fn link_address(name: &str) -> io::Result<[u8; 6]> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
+    parse_mac(text.trim()).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{name} has no Ethernet address ({})", text.trim()),
+        )
+    })
+}
+
+/// `aa:bb:cc:dd:ee:ff` as six bytes.
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+/// The link-layer address the kernel's neighbour table holds for `addr`
+/// on interface `iface`, if it has resolved one (from `/proc/net/arp`:
+/// IPv4 only).
+pub(crate) fn neighbour(addr: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {
+    let table = std::fs::read_to_string("/proc/net/arp").ok()?;
+    neighbour_in(&table, addr, iface)
+}
+
+/// [`neighbour`] in `table`, the text of `/proc/net/arp`: a complete entry
+/// (flag ATF_COM, 0x2) for `addr` on `iface`.
+fn neighbour_in(table: &str, addr: Ipv4Addr, iface: &str) -> Option<[u8; 6]> {
+    table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let [ip, _hw_type, flags, mac, _mask, dev] = f.as_slice() else {
+            return None;
+        };
+        let flags = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()?;
+        (ip.parse() == Ok(addr) && *dev == iface && flags & 0x2 != 0)
+            .then(|| parse_mac(mac))
+            .flatten()
+    })
+}
+
+impl std::fmt::Debug for FrameSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoopbackSender")
-            .field("fd", &self.fd)
-            .finish()
+        f.debug_struct("FrameSender").field("fd", &self.fd).finish()
     }
 }
 
@@ -1337,11 +1434,11 @@ mod tests {
         assert!(open_probed(lo, addr, false).is_err());
     }
 
-    /// What the loopback sender writes reaches a ring as a UDP socket's
-    /// send would: a valid IPv4 header (DF, TTL 64, identification 0), the
+    /// What the frame sender writes on loopback reaches a ring as a UDP
+    /// socket's send would: a valid IPv4 header (DF, TTL 64, identification 0), the
     /// UDP ports and length, and a GSO send's segment size.
     #[test]
-    fn the_loopback_sender_writes_what_a_udp_socket_would_send() {
+    fn the_frame_sender_writes_what_a_udp_socket_would_send() {
         let IpAddr::V4(to) = crate::reserve_loopback().unwrap() else {
             panic!("an IPv4 loopback address")
         };
@@ -1350,11 +1447,17 @@ mod tests {
             assert!(std::env::var_os("RNIC_REQUIRE_TOOLS").is_none());
             return;
         };
-        let tx = LoopbackSender::open().unwrap();
+        let tx = FrameSender::loopback().unwrap();
         let from = Ipv4Addr::LOCALHOST;
         let datagrams: [&[u8]; 3] = [&[0x11; 40], &[0x22; 48], &[0x33; 20]];
         // One datagram alone, then two as a GSO send.
-        let sent = tx.send(&[1, 2], |i| (from, to, 50_000, datagrams[i]));
+        let sent = tx.send(&[1, 2], |i| Outgoing {
+            src: from,
+            dst: to,
+            src_port: 50_000,
+            mac: [0; 6],
+            ib: datagrams[i],
+        });
         assert_eq!(sent.unwrap(), 3);
         for (payload, seg) in [
             (datagrams[0].to_vec(), 40),
@@ -1389,6 +1492,35 @@ mod tests {
             let got = ring.datagram(&frame, |d| d.map(|(src, p, seg)| (src, p.to_vec(), seg)));
             assert_eq!(got, Some(((from, 50_000).into(), payload, seg)));
         }
+    }
+
+    /// A neighbour's link-layer address is a complete entry of the
+    /// kernel's table, for the address on the interface.
+    #[test]
+    fn a_neighbour_is_a_complete_entry_of_the_table_on_the_interface() {
+        let table = "IP address       HW type     Flags       HW address            Mask     Device
+10.79.2.2        0x1         0x2         3a:9c:00:11:ab:fe     *        rva
+10.79.2.3        0x1         0x0         00:00:00:00:00:00     *        rva
+10.79.2.4        0x1         0x2         3a:9c:00:11:ab:01     *        eth0
+";
+        let a = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(
+            neighbour_in(table, a("10.79.2.2"), "rva"),
+            Some([0x3a, 0x9c, 0x00, 0x11, 0xab, 0xfe])
+        );
+        assert_eq!(
+            neighbour_in(table, a("10.79.2.3"), "rva"),
+            None,
+            "incomplete"
+        );
+        assert_eq!(
+            neighbour_in(table, a("10.79.2.4"), "rva"),
+            None,
+            "another interface"
+        );
+        assert_eq!(neighbour_in(table, a("10.79.2.5"), "rva"), None, "no entry");
+        assert_eq!(parse_mac("3a:9c:00:11:ab"), None);
+        assert_eq!(parse_mac("3a:9c:00:11:ab:fe:01"), None);
     }
 
     #[test]

@@ -179,6 +179,20 @@ fn rdma_over_a_veth_pair_on_ipv4_ipv6_and_link_local() {
         assert!(c.contains(&format!("gid {g} ")), "no run on GID {g}:\n{c}");
         assert!(s.contains(&format!("gid {g} ")), "no run on GID {g}:\n{s}");
     }
+    // The IPv4 run's datagrams, once the kernel had resolved the peer's
+    // link-layer address, went past IP and UDP: most of a 256 KiB WRITE's
+    // 64 and a READ's.
+    for (side, t) in [("client", &c), ("server", &s)] {
+        let past: u64 = t
+            .lines()
+            .find_map(|l| l.strip_prefix("sent_past_ip="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no sent_past_ip from the {side}:\n{t}"));
+        assert!(
+            past >= 32,
+            "the {side} sent {past} datagrams past IP and UDP"
+        );
+    }
 }
 
 /// UDP GSO on a real link, proven on the wire: both NICs send runs of
@@ -419,6 +433,7 @@ fn veth_peer() {
     // same address stopped at its frame socket's filter.
     let c = dev.counters().unwrap();
     println!("unknown_qp={} icrc_errors={}", c.unknown_qp, c.icrc_errors);
+    println!("sent_past_ip={}", dev.sent_past_ip().unwrap());
 }
 
 /// Two NICs on each end of the link, four processes, two connections at

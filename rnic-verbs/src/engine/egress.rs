@@ -13,7 +13,7 @@ use rnic_wire::icrc::IdDeltas;
 
 use super::state::EngineState;
 use super::ROCE_PORT;
-use crate::frames::LoopbackSender;
+use crate::frames::Outgoing;
 
 /// Bursts of packets one pump has the NIC build at most
 /// ([`rnic_core::Nic::generate_burst`]: a QP's READ responses and requests).
@@ -76,7 +76,7 @@ impl EngineState {
             let own = self.nic.addr();
             let mut at = 0;
             let mut gso_refused = false;
-            let mut loopback_failed = None;
+            let mut frames_failed = None;
             while let Some(first) = tx.get(at) {
                 let source = (first.src, first.src_port);
                 let run = tx[at..]
@@ -109,7 +109,10 @@ impl EngineState {
                 };
                 let run = &tx[at..at + run];
                 at += run.len();
-                // To a ring, past IP and UDP; otherwise, and after a send
+                // Past IP and UDP where the sender takes them and the
+                // destination can be sent to so (a ring takes its packets
+                // in, on loopback; the kernel knows its link-layer
+                // address, on an interface); otherwise, and after a send
                 // that way failed, through the socket. In the order they
                 // were built either way (what goes through the socket
                 // before messages that go past leaves first): the receiver
@@ -117,16 +120,16 @@ impl EngineState {
                 // Messages from `g0` (datagrams from `d0`) are not sent yet;
                 // `g` (`d`) is the next to look at.
                 let (mut g0, mut d0, mut g, mut d) = (0, 0, 0, 0);
-                while let Some(lo) = self
-                    .loopback_tx
+                while let Some(tx) = self
+                    .frame_tx
                     .as_ref()
-                    .filter(|_| loopback_failed.is_none() && g < self.groups.len())
+                    .filter(|_| frames_failed.is_none() && g < self.groups.len())
                 {
-                    let rings = &mut self.ring_peers;
+                    let peers = &mut self.peers;
                     let mut past = |n: usize, at: usize| {
-                        run[at..at + n].iter().all(|x| {
-                            LoopbackSender::takes(x.src, x.dst) && rings.has_ring(x.dst, now)
-                        })
+                        run[at..at + n]
+                            .iter()
+                            .all(|x| tx.takes(n, x.src, x.dst) && peers.mac(x.dst, now).is_some())
                     };
                     // The messages from `g` on that go past, to `g1` (`d1`).
                     let (mut g1, mut d1) = (g, d);
@@ -141,10 +144,11 @@ impl EngineState {
                     }
                     gso_refused |= out.send(&self.groups[g0..g], &run[d0..d]);
                     let these = &self.groups[g..g1];
-                    match lo.send(these, |j| loopback_datagram(&run[d + j])) {
-                        Ok(sent) => self.loopback_sent += sent as u64,
+                    let peers = &self.peers;
+                    match tx.send(these, |j| outgoing(&run[d + j], peers)) {
+                        Ok(sent) => self.frames_sent += sent as u64,
                         Err(e) => {
-                            loopback_failed = Some(e);
+                            frames_failed = Some(e);
                             gso_refused |= out.send(these, &run[d..d1]);
                         }
                     }
@@ -158,11 +162,11 @@ impl EngineState {
                     self.gso = false;
                 }
             }
-            if let Some(e) = loopback_failed {
+            if let Some(e) = frames_failed {
                 tracing::info!(
-                    "a send past IP and UDP on lo failed, through the UDP socket from now on: {e}"
+                    "a send past IP and UDP failed, through the UDP socket from now on: {e}"
                 );
-                self.loopback_tx = None;
+                self.frame_tx = None;
             }
             for d in tx.drain(..) {
                 self.nic.recycle(d.payload);
@@ -174,29 +178,66 @@ impl EngineState {
     }
 }
 
-/// Which loopback addresses a receive ring takes packets in for, as far
-/// as this NIC knows: only to those may it send past IP and UDP (see
-/// [`super::sockets::mark_ring`]). Asked again after [`RingPeers::FOR`]:
-/// a NIC that closed and one that opened on the same address without a
-/// ring cost RC retransmissions for that long at most.
+/// Where this NIC may send past IP and UDP (see [`crate::frames::FrameSender`]), as far
+/// as it knows: on loopback, to the addresses whose packets a receive ring
+/// takes in ([`super::sockets::mark_ring`]); on an interface, to those
+/// whose link-layer address the kernel's neighbour table holds. Asked
+/// again after [`Peers::FOR`]: a NIC that closed and one that opened on the
+/// same address without a ring, or a neighbour that moved, cost RC
+/// retransmissions for that long at most. A no is asked again sooner
+/// ([`Peers::FOR_NO`]): the neighbour table learns a peer's address from
+/// the first datagrams the UDP socket sends it.
 #[derive(Debug, Default)]
-pub(crate) struct RingPeers {
-    known: std::collections::HashMap<IpAddr, (bool, u64)>,
+pub(crate) struct Peers {
+    /// The interface whose neighbours these are; None: loopback's rings.
+    iface: Option<String>,
+    /// Each address's link-layer address (loopback's: zeroes) or None, and
+    /// when it was asked.
+    known: std::collections::HashMap<IpAddr, (Option<[u8; 6]>, u64)>,
 }
 
-impl RingPeers {
+impl Peers {
     /// How long an answer holds (ns).
     const FOR: u64 = 1_000_000_000;
+    /// How long a no holds (ns).
+    const FOR_NO: u64 = 20_000_000;
 
-    fn has_ring(&mut self, addr: IpAddr, now: rnic_core::time::Time) -> bool {
+    /// The neighbours of interface `name`.
+    pub(crate) fn on(name: &str) -> Peers {
+        Peers {
+            iface: Some(name.to_owned()),
+            known: Default::default(),
+        }
+    }
+
+    /// The link-layer address to send to `addr` at, if it may be sent to.
+    fn mac(&mut self, addr: IpAddr, now: rnic_core::time::Time) -> Option<[u8; 6]> {
         match self.known.get(&addr) {
-            Some(&(ring, at)) if now.0.saturating_sub(at) < Self::FOR => ring,
+            Some(&(mac, at))
+                if now.0.saturating_sub(at)
+                    < if mac.is_some() {
+                        Self::FOR
+                    } else {
+                        Self::FOR_NO
+                    } =>
+            {
+                mac
+            }
             _ => {
-                let ring = super::sockets::ring_marked(addr);
-                self.known.insert(addr, (ring, now.0));
-                ring
+                let mac = match (&self.iface, addr) {
+                    (None, _) => super::sockets::ring_marked(addr).then_some([0; 6]),
+                    (Some(i), IpAddr::V4(a)) => crate::frames::neighbour(a, i),
+                    (Some(_), IpAddr::V6(_)) => None,
+                };
+                self.known.insert(addr, (mac, now.0));
+                mac
             }
         }
+    }
+
+    /// What [`Peers::mac`] last found for `addr`.
+    fn known(&self, addr: IpAddr) -> [u8; 6] {
+        self.known.get(&addr).and_then(|k| k.0).unwrap_or([0; 6])
     }
 }
 
@@ -236,14 +277,21 @@ impl Out<'_> {
     }
 }
 
-/// A datagram as [`LoopbackSender::send`] takes it (one it
-/// [takes](LoopbackSender::takes): IPv4).
-fn loopback_datagram(d: &Datagram) -> (Ipv4Addr, Ipv4Addr, u16, &[u8]) {
+/// A datagram as [`crate::frames::FrameSender::send`] takes it (one it
+/// [takes](crate::frames::FrameSender::takes): IPv4), to the link-layer address `peers`
+/// found for its destination.
+fn outgoing<'a>(d: &'a Datagram, peers: &Peers) -> Outgoing<'a> {
     let v4 = |a: IpAddr| match a {
         IpAddr::V4(a) => a,
         IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
     };
-    (v4(d.src), v4(d.dst), d.src_port, &d.payload)
+    Outgoing {
+        src: v4(d.src),
+        dst: v4(d.dst),
+        src_port: d.src_port,
+        mac: peers.known(d.dst),
+        ib: &d.payload,
+    }
 }
 
 /// Cut `run`, datagrams from one address and port, into the messages of
@@ -303,27 +351,26 @@ mod tests {
     use super::*;
 
     /// Whether an address has a ring is what its mark says, asked again
-    /// once the answer is a second old: a NIC that let its ring go (or
-    /// ended) is sent nothing past IP and UDP from then on.
+    /// once a yes is a second old (a NIC that let its ring go, or ended, is
+    /// sent nothing past IP and UDP from then on), a no sooner.
     #[test]
     fn a_ring_peer_is_one_whose_mark_is_held_as_of_the_last_second() {
         use rnic_core::time::Time;
         // An address no other NIC of the tests holds.
         let addr = crate::reserve_loopback().unwrap();
-        let mut peers = RingPeers::default();
-        assert!(!peers.has_ring(addr, Time(0)), "no mark, no ring");
+        let mut peers = Peers::default();
+        let ring = |p: &mut Peers, t| p.mac(addr, Time(t)).is_some();
+        assert!(!ring(&mut peers, 0), "no mark, no ring");
         let mark = super::super::sockets::mark_ring(addr).unwrap();
-        assert!(
-            !peers.has_ring(addr, Time(RingPeers::FOR - 1)),
-            "the answer holds"
-        );
-        assert!(peers.has_ring(addr, Time(RingPeers::FOR)), "asked again");
+        assert!(!ring(&mut peers, Peers::FOR_NO - 1), "the no holds");
+        let yes = Peers::FOR_NO;
+        assert!(ring(&mut peers, yes), "asked again");
         drop(mark);
-        assert!(peers.has_ring(addr, Time(2 * RingPeers::FOR - 1)));
         assert!(
-            !peers.has_ring(addr, Time(2 * RingPeers::FOR)),
-            "the mark is gone"
+            ring(&mut peers, yes + Peers::FOR - 1),
+            "the yes holds longer"
         );
+        assert!(!ring(&mut peers, yes + Peers::FOR), "the mark is gone");
     }
 
     /// Plain ACKs leave after the other datagrams of their batch, each kind

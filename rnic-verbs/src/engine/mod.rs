@@ -286,14 +286,28 @@ impl Engine {
         let relay = relay::Relay::new(slot, medium, owner, members)?;
         let mut state = EngineState::new(nic, start, send_sockets, scope, span.clone(), rx, relay);
         state.gso = gso_default(addr, iface.is_some(), config.gso);
-        let mut ring_mark = None;
-        if udp && frames.is_some() {
-            ring_mark = sockets::mark_ring(addr)
-                .inspect_err(|e| tracing::info!("the receive ring is not made known: {e}"))
-                .ok();
-            state.loopback_tx = crate::frames::LoopbackSender::open()
-                .inspect_err(|e| tracing::info!("no sends past IP and UDP on lo: {e}"))
-                .ok();
+        // A ring on loopback is made known for as long as it is held:
+        // others may send to it past IP and UDP.
+        let ring_mark = (udp && frames.is_some())
+            .then(|| {
+                sockets::mark_ring(addr)
+                    .inspect_err(|e| tracing::info!("the receive ring is not made known: {e}"))
+                    .ok()
+            })
+            .flatten();
+        // Sends past IP and UDP (`RNIC_RAW_SENDS`): on loopback from a NIC
+        // with a ring, to NICs with rings; on an interface, to neighbours.
+        if config.raw_sends {
+            if udp && frames.is_some() {
+                state.frame_tx = crate::frames::FrameSender::loopback()
+                    .inspect_err(|e| tracing::info!("no sends past IP and UDP on lo: {e}"))
+                    .ok();
+            } else if let Some(i) = iface {
+                state.frame_tx = crate::frames::FrameSender::on(i)
+                    .inspect_err(|e| tracing::info!("no sends past IP and UDP on {}: {e}", i.name))
+                    .ok();
+                state.peers = egress::Peers::on(&i.name);
+            }
         }
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

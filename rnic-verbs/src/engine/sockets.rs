@@ -113,7 +113,7 @@ fn ring_name(addr: IpAddr) -> String {
 
 /// What tells every process's NICs that a receive ring on `lo` takes in
 /// the packets to port 4791 of `addr`, for as long as it is held: they may
-/// send there past IP and UDP (see [`crate::frames::LoopbackSender`]). The
+/// send there past IP and UDP (see [`crate::frames::FrameSender`]). The
 /// kernel's IP layer drops such a packet to a loopback address as a
 /// martian (it comes with no route, and `lo` does not route 127.0.0.0/8
 /// unless told to), so a UDP socket never sees it.

@@ -81,14 +81,14 @@ pub(crate) struct EngineState {
     pub(super) groups: Vec<usize>,
     /// The ICRC deltas for the last segment length sent.
     pub(super) gso_deltas: Option<IdDeltas>,
-    /// Where datagrams between loopback addresses leave past the kernel's
-    /// IP and UDP layers, on a NIC that reads `lo` through a ring (see
-    /// [`crate::frames::LoopbackSender`]).
-    pub(super) loopback_tx: Option<crate::frames::LoopbackSender>,
-    /// Datagrams sent through `loopback_tx`, ever.
-    pub(super) loopback_sent: u64,
-    /// The addresses `loopback_tx` may send to.
-    pub(super) ring_peers: super::egress::RingPeers,
+    /// Where datagrams leave past the kernel's IP and UDP layers, on a NIC
+    /// that reads `lo` through a ring or on the frame transport (see
+    /// [`crate::frames::FrameSender`]).
+    pub(super) frame_tx: Option<crate::frames::FrameSender>,
+    /// Datagrams sent through `frame_tx`, ever.
+    pub(crate) frames_sent: u64,
+    /// Where `frame_tx` may send to.
+    pub(super) peers: super::egress::Peers,
     /// What is held back, and what the engine has learned of the
     /// program's answers (see [`Hold`]).
     pub(super) hold: Hold,
@@ -152,9 +152,9 @@ impl EngineState {
             gso: false,
             groups: Vec::with_capacity(crate::udp::BATCH),
             gso_deltas: None,
-            loopback_tx: None,
-            loopback_sent: 0,
-            ring_peers: Default::default(),
+            frame_tx: None,
+            frames_sent: 0,
+            peers: Default::default(),
             hold: Hold::default(),
             polled_dry: false,
             cm_routes: crate::cm::Routes::default(),

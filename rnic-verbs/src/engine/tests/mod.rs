@@ -24,10 +24,9 @@ impl Engine {
     pub fn has_ring(&self) -> bool {
         self.shared.frames.is_some()
     }
-    /// Datagrams sent past IP and UDP on loopback, ever (see
-    /// `frames::LoopbackSender`).
-    pub fn loopback_sent(&self) -> u64 {
-        self.shared.state.lock().loopback_sent
+    /// Datagrams sent past IP and UDP, ever (see `frames::FrameSender`).
+    pub fn frames_sent(&self) -> u64 {
+        self.shared.state.lock().frames_sent
     }
     /// Whether the engine thread is asleep away from the socket.
     pub fn is_away(&self) -> bool {

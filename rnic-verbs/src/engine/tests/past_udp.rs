@@ -1,4 +1,4 @@
-//! Sends past IP and UDP on loopback (`frames::LoopbackSender`): a NIC
+//! Sends past IP and UDP on loopback (`frames::FrameSender`): a NIC
 //! that reads `lo` through a ring writes its packets' link-layer, IPv4 and
 //! UDP headers itself, to peers whose packets a ring takes in too. The
 //! kernel's IP layer drops such a packet (a martian, to a loopback address
@@ -112,7 +112,7 @@ fn exchange(a: &Device, b: &Device) -> (u64, u64) {
         let c = cb.wait(T).expect("b's SEND completion");
         assert_eq!(c.status, WcStatus::Success, "{c:?}");
     }
-    let past = a.engine.loopback_sent();
+    let past = a.engine.frames_sent();
 
     // A WRITE: its first packet (longer, with a RETH) alone, the rest as
     // GSO sends.
@@ -150,5 +150,5 @@ fn exchange(a: &Device, b: &Device) -> (u64, u64) {
         "b took a's packets in the order they left: {kb:?}"
     );
     assert_eq!((ka.icrc_errors, ka.rcvd_seq_err), (0, 0), "{ka:?}");
-    (past, a.engine.loopback_sent() - past)
+    (past, a.engine.frames_sent() - past)
 }
