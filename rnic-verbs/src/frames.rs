@@ -1133,8 +1133,17 @@ fn frame_headers(
     Ok(())
 }
 
-/// The link-layer address of interface `name` (from sysfs).
+/// The link-layer address of interface `name`, an Ethernet link (from
+/// sysfs): the frames a [`FrameSender`] writes begin with an Ethernet
+/// header, which another kind of link would carry as garbage.
 fn link_address(name: &str) -> io::Result<[u8; 6]> {
+    let kind = std::fs::read_to_string(format!("/sys/class/net/{name}/type"))?;
+    if kind.trim() != "1" {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{name} is not an Ethernet link (ARPHRD {})", kind.trim()),
+        ));
+    }
     let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))?;
     parse_mac(text.trim()).ok_or_else(|| {
         io::Error::new(
@@ -1492,6 +1501,15 @@ mod tests {
             let got = ring.datagram(&frame, |d| d.map(|(src, p, seg)| (src, p.to_vec(), seg)));
             assert_eq!(got, Some(((from, 50_000).into(), payload, seg)));
         }
+    }
+
+    /// A frame sender writes Ethernet headers: on a link of another kind
+    /// (here `lo`, ARPHRD_LOOPBACK, whose address reads as six zeroes) it
+    /// is not opened; loopback's own is `FrameSender::loopback`.
+    #[test]
+    fn a_frame_sender_is_for_ethernet_links() {
+        let err = link_address("lo").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::Unsupported, "{err}");
     }
 
     /// A neighbour's link-layer address is a complete entry of the
