@@ -963,12 +963,7 @@ impl FrameSender {
                 &on,
             );
         }
-        if rustix::net::sockopt::set_socket_send_buffer_size_force(&fd, crate::udp::SOCKET_BUFFER)
-            .is_err()
-        {
-            let _ =
-                rustix::net::sockopt::set_socket_send_buffer_size(&fd, crate::udp::SOCKET_BUFFER);
-        }
+        crate::udp::ask_send_buffer(fd.as_fd());
         // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
         let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         to.sll_family = libc::AF_PACKET as u16;
@@ -1117,18 +1112,15 @@ fn frame_headers(
         vnet[4..6].copy_from_slice(&seg.to_le_bytes());
         vnet[6..8].copy_from_slice(&l4.to_le_bytes());
         vnet[8..10].copy_from_slice(&6u16.to_le_bytes());
-        // The device adds the payload to the pseudo-header's sum.
-        let udp_len = (8 + bytes) as u32;
-        let mut sum: u32 = 17 + udp_len;
-        for a in [d.src, d.dst] {
-            let o = a.octets();
-            sum += u32::from(u16::from_be_bytes([o[0], o[1]]))
-                + u32::from(u16::from_be_bytes([o[2], o[3]]));
-        }
-        while sum > 0xFFFF {
-            sum = (sum & 0xFFFF) + (sum >> 16);
-        }
-        ip_udp[26..28].copy_from_slice(&(sum as u16).to_be_bytes());
+        // The device adds the payload to the pseudo-header's sum (its
+        // folded sum: the checksum's complement).
+        let mut pseudo = [0u8; 12];
+        pseudo[..4].copy_from_slice(&d.src.octets());
+        pseudo[4..8].copy_from_slice(&d.dst.octets());
+        pseudo[9] = 17;
+        pseudo[10..].copy_from_slice(&((8 + bytes) as u16).to_be_bytes());
+        let sum = !rnic_wire::encap::ipv4::checksum(&pseudo);
+        ip_udp[26..28].copy_from_slice(&sum.to_be_bytes());
     }
     Ok(())
 }

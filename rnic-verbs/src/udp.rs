@@ -16,7 +16,10 @@ use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use rustix::net::sockopt::{set_socket_recv_buffer_size, set_socket_recv_buffer_size_force};
+use rustix::net::sockopt::{
+    set_socket_recv_buffer_size, set_socket_recv_buffer_size_force, set_socket_send_buffer_size,
+    set_socket_send_buffer_size_force,
+};
 
 /// Datagrams per system call.
 pub const BATCH: usize = 32;
@@ -31,6 +34,15 @@ pub(crate) const SOCKET_BUFFER: usize = 4 << 20;
 pub(crate) fn ask_recv_buffer(fd: BorrowedFd<'_>) {
     if set_socket_recv_buffer_size_force(fd, SOCKET_BUFFER).is_err() {
         let _ = set_socket_recv_buffer_size(fd, SOCKET_BUFFER);
+    }
+}
+
+/// Ask for a 4 MiB send buffer on `fd` (beyond net.core.wmem_max only as
+/// root), and settle for what the kernel grants: a pump's burst is not
+/// refused for want of room.
+pub(crate) fn ask_send_buffer(fd: BorrowedFd<'_>) {
+    if set_socket_send_buffer_size_force(fd, SOCKET_BUFFER).is_err() {
+        let _ = set_socket_send_buffer_size(fd, SOCKET_BUFFER);
     }
 }
 

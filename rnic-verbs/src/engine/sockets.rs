@@ -8,13 +8,10 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixDatagram;
 
-use rustix::net::sockopt::{
-    set_ip_mtu_discover, set_socket_send_buffer_size, set_socket_send_buffer_size_force,
-    Ipv4PathMtuDiscovery,
-};
+use rustix::net::sockopt::{set_ip_mtu_discover, Ipv4PathMtuDiscovery};
 
 use super::ROCE_PORT;
-use crate::udp::{ask_recv_buffer, SOCKET_BUFFER};
+use crate::udp::ask_recv_buffer;
 
 pub(super) fn open_socket(addr: IpAddr, port: u16, scope: u32) -> io::Result<UdpSocket> {
     open_socket_shared(addr, port, scope, false)
@@ -56,9 +53,7 @@ pub(super) fn open_socket_shared(
         set_ip_mtu_discover(&socket, Ipv4PathMtuDiscovery::DO)?;
     }
     ask_recv_buffer(socket.as_fd());
-    if set_socket_send_buffer_size_force(&socket, SOCKET_BUFFER).is_err() {
-        let _ = set_socket_send_buffer_size(&socket, SOCKET_BUFFER);
-    }
+    crate::udp::ask_send_buffer(socket.as_fd());
     Ok(socket)
 }
 
